@@ -1,0 +1,3 @@
+from ggufbridge.cli import main
+
+main()

@@ -1,0 +1,59 @@
+"""Typed, validated reads of config.json values: errors name the key, the expected and the found value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ggufbridge.errors import ConfigError
+
+REQUIRED = object()
+
+
+class Cfg:
+    """A view of one (sub-)dict of config.json, with a dotted path for messages."""
+
+    def __init__(self, data: dict, where: str = "config.json"):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a JSON object, found {type(data).__name__}")
+        self.data = data
+        self.where = where
+
+    def sub(self, key: str) -> "Cfg":
+        val = self.data.get(key)
+        if val is None:
+            raise ConfigError(f"{self.where}: missing required section {key!r}")
+        return Cfg(val, f"{self.where}:{key}")
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def get(self, key: str, typ: type, default: Any = REQUIRED) -> Any:
+        val = self.data.get(key)
+        if val is None:
+            if default is REQUIRED:
+                raise ConfigError(f"{self.where}: missing required key {key!r} ({typ.__name__})")
+            return default
+        if typ is float and isinstance(val, int) and not isinstance(val, bool):
+            val = float(val)
+        if typ is int and isinstance(val, bool) or not isinstance(val, typ):
+            raise ConfigError(f"{self.where}: {key} must be {typ.__name__}, found {val!r}")
+        return val
+
+    def positive(self, key: str, default: Any = REQUIRED) -> int:
+        val = self.get(key, int, default)
+        if val <= 0:
+            raise ConfigError(f"{self.where}: {key} must be a positive integer, found {val}")
+        return val
+
+    def expect(self, key: str, want: Any, default: Any = REQUIRED) -> Any:
+        val = self.data.get(key, default)
+        if val is REQUIRED:
+            raise ConfigError(f"{self.where}: missing required key {key!r} (expected {want!r})")
+        if val != want:
+            raise ConfigError(f"{self.where}: {key} must be {want!r}, found {val!r}")
+        return val
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)

@@ -1,0 +1,60 @@
+"""What a converter hands to the GGUF writer: metadata and a list of lazily built output tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ggufbridge.checkpoint.safetensors import TensorRef, to_f32
+
+
+@dataclass
+class PlannedTensor:
+    """One GGUF tensor. `build()` reads its sources and returns the array in numpy (PyTorch) order, either in the
+    source's storage dtype (BF16 as uint16 bit patterns) when only permutations were applied, or as float32."""
+
+    name: str
+    shape: tuple[int, ...]
+    sources: list[TensorRef]
+    build: Callable[[], tuple[np.ndarray, str]]  # -> (array, dtype tag "F32" | "F16" | "BF16" | ...)
+    force_f32: bool = False  # element-wise weights the runtime needs in F32 (norms, biases, SSM parameters)
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(s.nbytes for s in self.sources)
+
+
+@dataclass
+class KV:
+    key: str
+    value: object
+    kind: str  # "u32" | "f32" | "bool" | "str" | "arr"  — explicit: the runtime's reads are type-strict
+
+
+@dataclass
+class ConversionPlan:
+    arch: str
+    kvs: list[KV] = field(default_factory=list)
+    tensors: list[PlannedTensor] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one-line facts worth telling the user
+
+    def u32(self, key: str, v: int) -> None:
+        self.kvs.append(KV(key, int(v), "u32"))
+
+    def f32(self, key: str, v: float) -> None:
+        self.kvs.append(KV(key, float(v), "f32"))
+
+    def bool(self, key: str, v: bool) -> None:
+        self.kvs.append(KV(key, bool(v), "bool"))
+
+    def str(self, key: str, v: str) -> None:
+        self.kvs.append(KV(key, v, "str"))
+
+    def arr(self, key: str, v: list) -> None:
+        self.kvs.append(KV(key, list(v), "arr"))
+
+
+def widen(a: np.ndarray, dtype: str) -> np.ndarray:
+    return to_f32(a, dtype)

@@ -1,0 +1,126 @@
+"""A Hugging Face model folder: config, tokenizer files and the tensor index across shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggufbridge.checkpoint.safetensors import TensorRef, read_header
+from ggufbridge.errors import CheckpointError, ConfigError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model_dir(spec: str | os.PathLike) -> Path:
+    """A local folder, or a Hugging Face repo id already in the local HF cache (resolved offline)."""
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        return p
+    s = str(spec)
+    if _REPO_ID.match(s) and not p.exists():
+        hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+        repo = hub.expanduser() / ("models--" + s.replace("/", "--"))
+        snap = _cached_snapshot(repo)
+        if snap is None:
+            raise CheckpointError(f"{s}: not a folder, and no snapshot of that repo id in the HF cache at {hub}")
+        return snap
+    if p.exists():
+        raise CheckpointError(f"{spec}: expected a model folder, found a file")
+    raise CheckpointError(f"{spec}: no such model folder")
+
+
+def _cached_snapshot(repo: Path) -> Path | None:
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snap = repo / "snapshots" / ref.read_text().strip()
+        if snap.is_dir():
+            return snap
+    snaps = sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
+    return snaps[-1] if snaps else None
+
+
+def load_json(path: Path, what: str) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path.parent.name}: missing {path.name} ({what})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: unreadable ({e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+@dataclass
+class ModelDir:
+    path: Path
+    config: dict
+    tensors: dict[str, TensorRef] = field(repr=False)
+    shards: list[Path] = field(repr=False)
+
+    @classmethod
+    def open(cls, spec: str | os.PathLike) -> "ModelDir":
+        path = resolve_model_dir(spec)
+        if not any(path.iterdir()):
+            raise CheckpointError(f"{path}: the folder is empty (expected config.json and safetensors shards)")
+        config = load_json(path / "config.json", "the model configuration")
+        tensors, shards = index_tensors(path)
+        return cls(path, config, tensors, shards)
+
+    def file(self, name: str) -> Path | None:
+        p = self.path / name
+        return p if p.is_file() else None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def index_tensors(path: Path) -> tuple[dict[str, TensorRef], list[Path]]:
+    """Map every tensor name to its shard, checking the index against the shards' own headers."""
+    index_file = path / INDEX_NAME
+    if index_file.is_file():
+        index = load_json(index_file, "the shard index")
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index_file}: no weight_map")
+        shard_names = sorted(set(weight_map.values()))
+        for s in shard_names:
+            if not isinstance(s, str) or "/" in s or "\\" in s or s.startswith("."):
+                raise CheckpointError(f"{index_file}: shard name {s!r} is not a plain file name")
+        missing = [s for s in shard_names if not (path / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{path}: the index names missing shard file(s): {', '.join(missing)}")
+    elif (path / SINGLE_NAME).is_file():
+        weight_map = None
+        shard_names = [SINGLE_NAME]
+    else:
+        raise CheckpointError(f"{path}: no {INDEX_NAME} or {SINGLE_NAME} found")
+
+    tensors: dict[str, TensorRef] = {}
+    for s in shard_names:
+        found, _ = read_header(path / s)
+        for name, ref in found.items():
+            if name in tensors:
+                raise CheckpointError(f"{path}: tensor {name} is stored twice ({tensors[name].path.name} and {s})")
+            tensors[name] = ref
+    if weight_map is not None:
+        for name, shard in weight_map.items():
+            ref = tensors.get(name)
+            if ref is None:
+                raise CheckpointError(f"{path}: the index puts {name} in {shard}, but {shard} does not contain it")
+            if ref.path.name != shard:
+                raise CheckpointError(f"{path}: the index puts {name} in {shard}, but it is in {ref.path.name}")
+        extra = sorted(set(tensors) - set(weight_map))
+        if extra:
+            raise CheckpointError(f"{path}: {len(extra)} tensor(s) in the shards are not in the index, e.g. {extra[0]}")
+    return tensors, [path / s for s in shard_names]

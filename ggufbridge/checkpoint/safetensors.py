@@ -1,0 +1,150 @@
+"""Reading safetensors shards as untrusted input, without unpickling and without loading whole files.
+
+A shard's header is bounded and checked (every offset inside the data area, no overlaps, sizes that agree with
+shape × dtype) before any tensor is read. Tensors are read on demand with positioned reads, so the memory held
+is the tensor being converted, never the shard: mmap would also be lazy, but every page it touches stays in the
+process's resident set until the mapping goes away, which defeats bounded-memory conversion of 70 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ggufbridge.errors import CheckpointError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+# safetensors dtype -> (numpy dtype used to hold the raw bytes, bytes per element)
+# BF16 has no numpy dtype: it is carried as uint16 bit patterns and widened explicitly where needed.
+DTYPES: dict[str, tuple[np.dtype, int]] = {
+    "F64": (np.dtype("<f8"), 8),
+    "F32": (np.dtype("<f4"), 4),
+    "F16": (np.dtype("<f2"), 2),
+    "BF16": (np.dtype("<u2"), 2),
+    "I64": (np.dtype("<i8"), 8),
+    "I32": (np.dtype("<i4"), 4),
+    "I16": (np.dtype("<i2"), 2),
+    "I8": (np.dtype("i1"), 1),
+    "U8": (np.dtype("u1"), 1),
+    "BOOL": (np.dtype("?"), 1),
+}
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where one tensor lives: enough to read it later, nothing read yet."""
+
+    name: str
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute file offset of the first byte
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def read(self) -> np.ndarray:
+        """The tensor as a numpy array in its stored dtype (BF16 as uint16 bit patterns)."""
+        np_dtype, _ = DTYPES[self.dtype]
+        out = np.empty(self.shape, dtype=np_dtype)
+        buf = memoryview(out.reshape(-1).view(np.uint8)) if self.nbytes else memoryview(b"")
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(self.start)
+            got = 0
+            while got < self.nbytes:
+                n = f.readinto(buf[got:])
+                if not n:
+                    raise CheckpointError(
+                        f"{self.path.name}: tensor {self.name} ends at byte {self.start + self.nbytes}, "
+                        f"but the file ends at {self.start + got} (truncated shard?)"
+                    )
+                got += n
+        return out
+
+    def read_f32(self) -> np.ndarray:
+        """The tensor widened to float32 (for transforms that need arithmetic)."""
+        return to_f32(self.read(), self.dtype)
+
+
+def to_f32(a: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "BF16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    if dtype in ("F32", "F16", "F64"):
+        return a.astype(np.float32, copy=False)
+    raise CheckpointError(f"expected a floating-point tensor, found dtype {dtype}")
+
+
+def read_header(path: Path) -> tuple[dict[str, TensorRef], dict[str, str]]:
+    """Parse and validate one shard's header. Returns (tensors by name, __metadata__)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path.name}: {size} bytes is too short for a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise CheckpointError(
+                    f"{path.name}: header length {n} exceeds the {MAX_HEADER_BYTES} byte limit (corrupt or hostile file)"
+                )
+            if 8 + n > size:
+                raise CheckpointError(f"{path.name}: header length {n} runs past the end of the {size} byte file")
+            raw = f.read(n)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path.name}: safetensors header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path.name}: safetensors header is not a JSON object")
+
+    data_start = 8 + n
+    data_len = size - data_start
+    meta = header.pop("__metadata__", None) or {}
+    tensors: dict[str, TensorRef] = {}
+    spans = []
+    for name, info in header.items():
+        try:
+            dtype = info["dtype"]
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path.name}: malformed header entry for tensor {name!r}") from None
+        if dtype not in DTYPES:
+            raise CheckpointError(f"{path.name}: tensor {name} has unsupported dtype {dtype!r}")
+        if any(d < 0 for d in shape):
+            raise CheckpointError(f"{path.name}: tensor {name} has a negative dimension {shape}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        want = numel * DTYPES[dtype][1]
+        if not (0 <= begin <= end):
+            raise CheckpointError(f"{path.name}: tensor {name} has invalid data offsets [{begin}, {end}]")
+        if end - begin != want:
+            raise CheckpointError(
+                f"{path.name}: tensor {name} declares {end - begin} bytes but shape {list(shape)} × {dtype} needs {want}"
+            )
+        if end > data_len:
+            raise CheckpointError(
+                f"{path.name}: tensor {name} ends at data byte {end} but the shard holds only {data_len} "
+                f"(truncated or lying header)"
+            )
+        spans.append((begin, end, name))
+        tensors[name] = TensorRef(name, path, dtype, shape, data_start + begin, want)
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise CheckpointError(f"{path.name}: tensors {n0} and {n1} overlap in the data area")
+    return tensors, meta

@@ -1,0 +1,26 @@
+"""`ggufbridge convert MODEL_DIR -o OUT_DIR`."""
+
+from __future__ import annotations
+
+import click
+
+from ggufbridge.cli._common import user_errors
+from ggufbridge.ggufio.writer import OUTTYPES
+
+
+@click.command("convert")
+@click.argument("model_dir")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--outtype", type=click.Choice(sorted(OUTTYPES)), default="f16", show_default=True,
+              help="Type of the large weights; norms, router and SSM parameters always stay F32.")
+@click.option("--name", "basename", default=None, help="Base name of the output files (default: MiniCPM-V-4_7).")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar (bytes).")
+@user_errors
+def command(model_dir, out_dir, outtype, basename, progress):
+    """Convert an upstream MiniCPM-V 4.7 checkpoint (folder or cached HF repo id) to GGUF."""
+    from ggufbridge.convert import convert
+
+    res = convert(model_dir, out_dir, outtype=outtype, basename=basename, progress=progress)
+    for f in res.files:
+        click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")
+    click.echo(f"manifest {res.out_dir / 'manifest.json'}")

@@ -1,0 +1,53 @@
+"""`ggufbridge doctor`: which llama.cpp runtime is in use and whether it can run MiniCPM-V 4.7."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ggufbridge.cli._common import user_errors
+from ggufbridge.runtime import locate as loc
+
+
+@click.command()
+@click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
+              help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")
+@click.option("--python", "python", default=None, metavar="PY",
+              help="Interpreter whose llama_cpp bindings to inspect (default: this one).")
+@user_errors
+def command(llama_bin: str | None, python: str | None) -> None:
+    """Show the runtime (path, commit, backends), check its capabilities, and say how to fix what is missing.
+
+    Exit code 0 when everything is in place, 2 otherwise (one `problem:` line per missing piece on stderr).
+    """
+    rt = loc.locate(llama_bin)
+    results = loc.check(rt)
+    click.echo(f"runtime   {rt.bin_dir}  (found via {rt.source})")
+    click.echo(f"version   llama.cpp {rt.version or '?'}, commit {rt.commit or '?'}"
+               + (f" (llama-cpp-python {rt.info['version']} tree)" if rt.info.get("version") else ""))
+    click.echo(f"backends  {', '.join(rt.backends) or 'none found'}")
+    problems = []
+    for r in results:
+        click.echo(f"  {'ok     ' if r.ok else 'MISSING'}  {r.name:<26} {r.detail}")
+        if not r.ok:
+            problems.append(f"{r.name}: {r.detail}; {r.fix}")
+
+    b = loc.probe_bindings(python)
+    if b.error:
+        click.echo(f"bindings  {b.python}: llama_cpp not importable ({b.error})")
+        problems.append(f"python bindings: {b.error}; install them with "
+                        f"scripts/build_runtime.sh --python {b.python}")
+    else:
+        click.echo(f"bindings  {b.python}: llama_cpp {b.version} loads")
+        for lib in b.libs:
+            click.echo(f"            {lib}")
+        outside = b.outside(rt)
+        if outside:
+            problems.append(f"python bindings load {', '.join(outside)}, not the runtime in {rt.bin_dir}; "
+                            f"rebind them with scripts/build_runtime.sh --python {b.python}")
+    for p in problems:
+        click.echo(f"problem: {p}", err=True)
+    if problems:
+        sys.exit(2)
+    click.echo("all checks passed")

@@ -1,0 +1,169 @@
+"""`convert()`: upstream checkpoint folder → GGUF files + manifest.json in an output folder.
+
+Everything is written under temporary names and renamed into place only once every file is complete and
+hashed, so an error or Ctrl-C at any point leaves no file under a final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ggufbridge import __version__
+from ggufbridge.arch import converter_for
+from ggufbridge.arch.plan import ConversionPlan
+from ggufbridge.checkpoint.model_dir import ModelDir
+from ggufbridge.errors import GGUFBridgeError
+from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, tmp_name, write_gguf
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class ConvertResult:
+    out_dir: Path
+    files: list[dict]
+    notes: list[str]
+
+    def path(self, role: str) -> Path:
+        entry = next((f for f in self.files if f["role"] == role), None)
+        if entry is None:
+            raise GGUFBridgeError(f"no {role} file in {self.out_dir}")
+        return self.out_dir / entry["path"]
+
+
+def size_label(plan: ConversionPlan) -> str:
+    """`35B-A3B` style: total parameters, and for MoE the parameters active per token (experts used / count)."""
+    total = expert = 0
+    for t in plan.tensors:
+        n = 1
+        for d in t.shape:
+            n *= d
+        total += n
+        if "_exps." in t.name:
+            expert += n
+    kv = {k.key: k.value for k in plan.kvs}
+    n_exp = kv.get(f"{plan.arch}.expert_count")
+    used = kv.get(f"{plan.arch}.expert_used_count")
+    label = _fmt(total, round)
+    if expert and n_exp and used:
+        label += "-A" + _fmt(total - expert + expert * used // n_exp, int)
+    return label
+
+
+def _fmt(n: int, rnd) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{max(1, rnd(n / scale))}{suffix}"
+    return str(n)
+
+
+def _readme_meta(model_dir: Path) -> dict:
+    """license / base_model from a model card's YAML front matter (a tiny subset of YAML: enough for HF cards)."""
+    readme = model_dir / "README.md"
+    if not readme.is_file():
+        return {}
+    text = readme.read_text(encoding="utf-8", errors="replace")
+    m = re.match(r"^---\n(.*?)\n---", text, re.S)
+    if not m:
+        return {}
+    meta: dict = {}
+    key = None
+    for line in m.group(1).splitlines():
+        if re.match(r"^[A-Za-z_]+:", line):
+            key, _, val = line.partition(":")
+            val = val.strip()
+            meta[key] = val if val else []
+        elif key and line.strip().startswith("- ") and isinstance(meta.get(key), list):
+            meta[key].append(line.strip()[2:].strip())
+    return meta
+
+
+def add_general(plan: ConversionPlan, *, basename: str, size: str, outtype: str, model_dir: Path, role: str) -> None:
+    plan.str("general.type", "model")
+    plan.str("general.name", f"{basename}-{size}" if role == "target" else f"{basename}-{size} ({role})")
+    plan.str("general.basename", basename)
+    plan.str("general.size_label", size)
+    plan.u32("general.file_type", FILE_TYPES[outtype])
+    plan.u32("general.quantization_version", 2)
+    meta = _readme_meta(model_dir)
+    if isinstance(meta.get("license"), str) and meta["license"]:
+        plan.str("general.license", meta["license"])
+    bases = meta.get("base_model")
+    bases = [bases] if isinstance(bases, str) and bases else bases or []
+    if bases:
+        plan.u32("general.base_model.count", len(bases))
+        for i, b in enumerate(bases):
+            plan.str(f"general.base_model.{i}.name", b.split("/")[-1])
+            if "/" in b:
+                plan.str(f"general.base_model.{i}.organization", b.split("/")[0])
+                plan.str(f"general.base_model.{i}.repo_url", f"https://huggingface.co/{b}")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = None,
+            progress: bool = True) -> ConvertResult:
+    if outtype not in OUTTYPES:
+        raise GGUFBridgeError(f"--outtype must be one of {', '.join(OUTTYPES)}, found {outtype!r}")
+    md = ModelDir.open(model_dir)
+    arch = converter_for(md.config)
+    plan, _params = arch.plan_target(md)
+    basename = basename or arch.BASENAME
+    size = size_label(plan)
+    add_general(plan, basename=basename, size=size, outtype=outtype, model_dir=md.path, role="target")
+    outputs = [("target", plan, f"{basename}-{size}-{outtype.upper()}.gguf", outtype)]
+    for note in plan.notes:
+        log.info(note)
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise GGUFBridgeError(f"{out}: output path exists and is not a folder")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[tuple[str, Written, str]] = []
+    manifest_tmp = tmp_name(out / MANIFEST)
+    total = sum(t.source_bytes for _, p, _, _ in outputs for t in p.tensors)
+    sources = sorted(p for p in md.path.iterdir() if p.is_file() and not p.name.startswith("."))
+    try:
+        # Hash the source files on a second thread while converting: hashlib releases the GIL on large buffers.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            src_hashes = pool.map(_sha256_file, sources)
+            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+                      desc="convert", leave=False) as bar:
+                for role, p, name, otype in outputs:
+                    w = write_gguf(p, out / name, otype, progress=bar.update)
+                    written.append((role, w, otype))
+            source = {s.name: h for s, h in zip(sources, src_hashes)}
+        files = [
+            {"role": role, "path": w.final.name, "bytes": w.nbytes, "sha256": w.sha256, "type": otype.upper()}
+            for role, w, otype in written
+        ]
+        manifest = {"files": files, "source": source, "ggufbridge": __version__}
+        manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        for _, w, _ in written:
+            w.commit()
+        os.replace(manifest_tmp, out / MANIFEST)
+    except BaseException:
+        for _, w, _ in written:
+            w.discard()
+        manifest_tmp.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    return ConvertResult(out, files, plan.notes)

@@ -1,0 +1,45 @@
+"""Exceptions raised by the library. Only the CLI turns them into messages and exit codes."""
+
+
+class GGUFBridgeError(Exception):
+    """Base class: a problem the user can act on, described in one line."""
+
+
+class CheckpointError(GGUFBridgeError):
+    """The source checkpoint is missing, truncated, malformed or inconsistent."""
+
+
+class ConfigError(GGUFBridgeError):
+    """config.json is unreadable or holds a value ggufbridge cannot convert."""
+
+
+class UnsupportedArchitecture(ConfigError):
+    """No converter is registered for the checkpoint's architecture."""
+
+
+class TokenizerError(GGUFBridgeError):
+    """The tokenizer files are missing or do not match what the runtime expects."""
+
+
+class RuntimeNotFound(GGUFBridgeError):
+    """No usable llama.cpp runtime (libraries or tools) was found."""
+
+
+class PairingError(GGUFBridgeError):
+    """A draft model does not fit its target."""
+
+
+class RecipeError(GGUFBridgeError):
+    """A hardware recipe (packaged or user TOML) is unknown or holds an invalid value."""
+
+
+class ManifestError(GGUFBridgeError):
+    """OUT_DIR/manifest.json is missing, malformed, or names files that are absent or the wrong size."""
+
+
+class PlanError(GGUFBridgeError):
+    """The model does not fit the recipe's memory budget with any allowed setting."""
+
+
+class ServerError(GGUFBridgeError):
+    """llama-server (or another launched tool) failed to start, died, or could not bind its port."""

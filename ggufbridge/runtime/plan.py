@@ -1,0 +1,441 @@
+"""Memory planner: what a recipe's settings cost on each device, computed from GGUF headers (or hparams).
+
+Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
+* KV cache: only full-attention layers hold K/V (`filter_attn`, src/llama-model.cpp:2698-2704); per token and
+  layer `n_head_kv·key_length` K elements + `n_head_kv·value_length` V elements of -ctk/-ctv type; the cell
+  count is `-c` padded to 256 (src/llama-context.cpp:290).
+* Gated-delta-net state, per slot and per recurrent layer, independent of context: conv state
+  `(conv_kernel-1)·(inner_size + 2·group_count·state_size)` and delta state `state_size·inner_size` elements,
+  both F32 (src/llama-model.cpp:2756-2773; src/llama-hparams.cpp:208-258), times `1 + n_rs_seq` rows, where
+  n_rs_seq = --spec-draft-n-max when a DSpark draft is attached (src/llama-memory-recurrent.cpp:101).
+* -ngl N offloads the last N blocks, the output head too when N > n_layer; token_embd stays on the host;
+  --n-cpu-moe N keeps the routed experts of blocks 0..N-1 in host memory; RPC devices come first in the device
+  list (src/llama.cpp:275) and layers are split over devices in order, proportionally to --tensor-split.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggufbridge.errors import PlanError
+from ggufbridge.runtime.recipes import Recipe
+
+GIB = 1024**3
+MIB = 1024**2
+KV_PAD = 256
+EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch)?exps\.")
+BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+
+# GGML type name -> (block elements, block bytes), for the KV cache types the runtime accepts
+_KV_SIZES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
+             "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24)}
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """Bytes of a row of n elements (ggml_row_size); n must be a multiple of the block size."""
+    blk, size = _KV_SIZES[type_name]
+    if n % blk:
+        raise PlanError(f"KV cache type {type_name} needs rows divisible by {blk}, found a row of {n} "
+                        f"(head_dim x heads); choose f16/bf16/f32")
+    return n // blk * size
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What the planner needs to know about a qwen35moe target."""
+
+    n_layer: int
+    recurrent: tuple[bool, ...]
+    n_head_kv: tuple[int, ...]
+    key_length: int
+    value_length: int
+    conv_kernel: int
+    state_size: int
+    group_count: int
+    inner_size: int
+    n_vocab: int = 0
+    block_bytes: tuple[int, ...] = ()   # non-expert weight bytes per block
+    expert_bytes: tuple[int, ...] = ()  # routed-expert weight bytes per block
+    input_bytes: int = 0                # token_embd (always host)
+    output_bytes: int = 0               # output head + final norm
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i in range(self.n_layer) if not self.recurrent[i]]
+
+    @property
+    def recurrent_layers(self) -> list[int]:
+        return [i for i in range(self.n_layer) if self.recurrent[i]]
+
+    def kv_layer_bytes_per_token(self, il: int, type_k: str = "f16", type_v: str = "f16") -> int:
+        if self.recurrent[il]:
+            return 0
+        h = self.n_head_kv[il]
+        return row_bytes(type_k, h * self.key_length) + row_bytes(type_v, h * self.value_length)
+
+    def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> int:
+        return sum(self.kv_layer_bytes_per_token(i, type_k, type_v) for i in range(self.n_layer))
+
+    def conv_state_elems(self) -> int:
+        return (self.conv_kernel - 1) * (self.inner_size + 2 * self.group_count * self.state_size)
+
+    def delta_state_elems(self) -> int:
+        return self.state_size * self.inner_size
+
+    def state_layer_bytes(self, conv_elem: int = 4, delta_elem: int = 4) -> int:
+        return self.conv_state_elems() * conv_elem + self.delta_state_elems() * delta_elem
+
+    def state_bytes_per_slot(self, conv_elem: int = 4, delta_elem: int = 4) -> int:
+        """Recurrent state of one sequence (one snapshot), all recurrent layers. The runtime stores F32."""
+        return len(self.recurrent_layers) * self.state_layer_bytes(conv_elem, delta_elem)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.block_bytes) + sum(self.expert_bytes) + self.input_bytes + self.output_bytes
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "TargetShape":
+        """From a Hugging Face Qwen3.5-MoE text config (the real model's numbers, or a fixture's)."""
+        n = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types")
+        if types is None:
+            interval = cfg.get("full_attention_interval", 4)
+            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+        if len(types) != n:
+            raise PlanError(f"layer_types: expected {n} entries (num_hidden_layers), found {len(types)}")
+        if cfg["linear_key_head_dim"] != cfg["linear_value_head_dim"]:
+            raise PlanError("linear_key_head_dim must equal linear_value_head_dim for this runtime, found "
+                            f"{cfg['linear_key_head_dim']} and {cfg['linear_value_head_dim']}")
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        return cls(
+            n_layer=n, recurrent=tuple(t == "linear_attention" for t in types),
+            n_head_kv=(cfg["num_key_value_heads"],) * n, key_length=hd, value_length=hd,
+            conv_kernel=cfg["linear_conv_kernel_dim"], state_size=cfg["linear_key_head_dim"],
+            group_count=cfg["linear_num_key_heads"],
+            inner_size=cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"],
+            n_vocab=cfg.get("vocab_size", 0))
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """A DFlash/DSpark draft: dense attention layers, every one with a KV cache."""
+
+    n_layer: int
+    n_head_kv: int
+    key_length: int
+    value_length: int
+    weight_bytes: int = 0
+    block_size: int | None = None
+
+    def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> int:
+        return self.n_layer * (row_bytes(type_k, self.n_head_kv * self.key_length)
+                               + row_bytes(type_v, self.n_head_kv * self.value_length))
+
+
+# ------------------------------------------------------------------------------------------ GGUF headers
+
+
+def _gguf_fields(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path), "r")
+    except (ValueError, OSError) as e:
+        raise PlanError(f"{path}: not a readable GGUF ({e})") from None
+    fields = {}
+    for f in reader.fields.values():
+        try:
+            fields[f.name] = f.contents()
+        except Exception:  # values the planner never reads may use types older readers lack
+            continue
+    tensors = [(t.name, int(t.n_bytes)) for t in reader.tensors]
+    return fields, tensors
+
+
+def _need(fields: dict, key: str, path: Path):
+    if key not in fields:
+        raise PlanError(f"{path}: GGUF key {key} missing (needed for the memory plan)")
+    return fields[key]
+
+
+def _per_layer(value, n: int, key: str) -> tuple[int, ...]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise PlanError(f"{key}: expected {n} per-layer values, found {len(value)}")
+        return tuple(int(v) for v in value)
+    return (int(value),) * n
+
+
+def target_from_gguf(path: str | Path) -> TargetShape:
+    path = Path(path)
+    fields, tensors = _gguf_fields(path)
+    arch = fields.get("general.architecture")
+    if arch != "qwen35moe":
+        raise PlanError(f"{path}: expected general.architecture qwen35moe, found {arch!r}")
+    p = f"{arch}."
+    n_all = int(_need(fields, p + "block_count", path))
+    n = n_all - int(fields.get(p + "nextn_predict_layers", 0))
+    if p + "attention.recurrent_layers" in fields:
+        rec = tuple(bool(v) for v in fields[p + "attention.recurrent_layers"])[:n]
+    else:
+        interval = int(fields.get(p + "full_attention_interval", 4))
+        rec = tuple((i + 1) % interval != 0 for i in range(n))
+    n_head = _need(fields, p + "attention.head_count", path)
+    heads_kv = fields.get(p + "attention.head_count_kv", n_head)
+    n_embd = int(_need(fields, p + "embedding_length", path))
+    h0 = n_head[0] if isinstance(n_head, list) else n_head
+    kl = int(fields.get(p + "attention.key_length", n_embd // int(h0)))
+    vl = int(fields.get(p + "attention.value_length", n_embd // int(h0)))
+    block = [0] * n_all
+    experts = [0] * n_all
+    inp = out = 0
+    for name, nbytes in tensors:
+        m = EXPERT_RE.match(name)
+        if m:
+            experts[int(m.group(1))] += nbytes
+            continue
+        m = BLOCK_RE.match(name)
+        if m:
+            block[int(m.group(1))] += nbytes
+        elif name.startswith("token_embd."):
+            inp += nbytes
+        else:
+            out += nbytes
+    return TargetShape(
+        n_layer=n, recurrent=rec, n_head_kv=_per_layer(heads_kv, n_all, "head_count_kv")[:n],
+        key_length=kl, value_length=vl,
+        conv_kernel=int(_need(fields, p + "ssm.conv_kernel", path)),
+        state_size=int(_need(fields, p + "ssm.state_size", path)),
+        group_count=int(_need(fields, p + "ssm.group_count", path)),
+        inner_size=int(_need(fields, p + "ssm.inner_size", path)),
+        n_vocab=len(fields.get("tokenizer.ggml.tokens", [])),
+        # MTP blocks (if any) are loaded with the last layer's device; fold them into it
+        block_bytes=tuple(block[:n - 1] + [sum(block[n - 1:])]),
+        expert_bytes=tuple(experts[:n - 1] + [sum(experts[n - 1:])]),
+        input_bytes=inp, output_bytes=out)
+
+
+def draft_from_gguf(path: str | Path) -> DraftShape:
+    path = Path(path)
+    fields, tensors = _gguf_fields(path)
+    arch = fields.get("general.architecture")
+    if arch != "dflash":
+        raise PlanError(f"{path}: expected general.architecture dflash, found {arch!r}")
+    p = "dflash."
+    n_head = int(_need(fields, p + "attention.head_count", path))
+    n_embd = int(_need(fields, p + "embedding_length", path))
+    bs = fields.get(p + "block_size")
+    return DraftShape(
+        n_layer=int(_need(fields, p + "block_count", path)),
+        n_head_kv=int(fields.get(p + "attention.head_count_kv", n_head)),
+        key_length=int(fields.get(p + "attention.key_length", n_embd // n_head)),
+        value_length=int(fields.get(p + "attention.value_length", n_embd // n_head)),
+        weight_bytes=sum(b for _, b in tensors), block_size=int(bs) if bs is not None else None)
+
+
+def gguf_tensor_bytes(path: str | Path) -> int:
+    return sum(b for _, b in _gguf_fields(Path(path))[1])
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+CATEGORIES = ("weights", "kv", "state", "draft", "mmproj", "compute")
+
+
+@dataclass
+class Pool:
+    name: str
+    budget: int
+    use: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+
+    @property
+    def total(self) -> int:
+        return sum(self.use.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+
+@dataclass
+class Plan:
+    recipe: str
+    ctx: int
+    n_gpu_layers: int
+    n_cpu_moe: int
+    tensor_split: list[float] | None
+    pools: list[Pool]
+    figures: dict
+    notes: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return all(p.fits for p in self.pools)
+
+    def format(self) -> str:
+        f = self.figures
+        lines = [f"memory plan (recipe {self.recipe}): -c {self.ctx} -ngl {self.n_gpu_layers} "
+                 f"--n-cpu-moe {self.n_cpu_moe}" + (f" --tensor-split {','.join(f'{x:g}' for x in self.tensor_split)}"
+                                                   if self.tensor_split else ""),
+                 f"  KV cache: {f['kv_per_token']:,} B/token x {f['kv_cells']:,} cells = {_gib(f['kv_total'])} "
+                 f"({f['attention_layers']} full-attention layers; {f['recurrent_layers']} recurrent layers hold none)",
+                 f"  gated-delta-net state: {f['state_per_slot']:,} B per slot x {f['slots']} slot(s) x "
+                 f"{f['state_snapshots']} snapshot(s) = {_gib(f['state_total'])} (independent of context)"]
+        if f.get("draft_weights"):
+            lines.append(f"  draft: weights {_gib(f['draft_weights'])}, KV {f['draft_kv_per_token']:,} B/token "
+                         f"= {_gib(f['draft_kv_total'])}")
+        if f.get("mmproj"):
+            lines.append(f"  mmproj: {_gib(f['mmproj'])}")
+        lines.append(f"  {'device':<22}" + "".join(f"{c:>10}" for c in CATEGORIES) + f"{'total':>11}{'budget':>11}")
+        for p in self.pools:
+            lines.append(f"  {p.name:<22}" + "".join(f"{_gib(p.use[c], 2):>10}" for c in CATEGORIES)
+                         + f"{_gib(p.total, 2):>11}{_gib(p.budget, 2):>11}" + ("" if p.fits else "  OVER"))
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"recipe": self.recipe, "ctx": self.ctx, "n_gpu_layers": self.n_gpu_layers,
+                "n_cpu_moe": self.n_cpu_moe, "tensor_split": self.tensor_split, "fits": self.fits,
+                "figures": self.figures, "notes": self.notes,
+                "pools": [{"name": p.name, "budget": p.budget, "use": p.use, "total": p.total} for p in self.pools]}
+
+
+def _gib(n: int, digits: int = 2) -> str:
+    return f"{n / GIB:.{digits}f} GiB"
+
+
+def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool, list[str]]:
+    """(devices in llama.cpp order, host pool). RPC workers come first, as the runtime orders them."""
+    mem, notes = recipe.memory, []
+    rpc = [Pool(f"rpc{i}", int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB))
+           for i in range(rpc_workers)]
+    if mem["unified"]:
+        shared = Pool("gpu0 (unified)", int((mem["gpu_gib"][0] - mem["headroom_gib"]) * GIB))
+        return rpc + [shared], shared, notes
+    gpus = [Pool(f"gpu{i}", int((g - mem["headroom_gib"]) * GIB)) for i, g in enumerate(mem["gpu_gib"])]
+    host = Pool("host", int((mem["host_gib"] - mem["host_headroom_gib"]) * GIB))
+    return rpc + gpus, host, notes
+
+
+def _assign(devices: list[Pool], n_layer: int, ngl: int) -> list[int | None]:
+    """Device index of each block (None = host) for -ngl ngl, split proportionally to the budgets."""
+    n_off = min(ngl, n_layer) if devices else 0
+    start = n_layer - n_off
+    total = sum(d.budget for d in devices) or 1
+    cum, acc = [], 0.0
+    for d in devices:
+        acc += d.budget / total
+        cum.append(acc)
+    out: list[int | None] = [None] * n_layer
+    for il in range(start, n_layer):
+        frac = (il - start) / n_off
+        out[il] = next((i for i, c in enumerate(cum) if frac < c - 1e-12), len(devices) - 1)
+    return out
+
+
+def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_moe: int,
+             draft: DraftShape | None = None, mmproj_bytes: int = 0, rpc_workers: int = 0) -> Plan:
+    """Bytes per device for one setting. Does not search; see `make_plan`."""
+    srv, drf = recipe.server, recipe.draft
+    devices, host, notes = _pools(recipe, rpc_workers)
+    pools = list(devices) + ([host] if host not in devices else [])
+    where = _assign(devices, target.n_layer, ngl)
+    dev = [devices[w] if w is not None else host for w in where]
+    cells = -(-ctx // KV_PAD) * KV_PAD
+    n_rs_seq = drf["n_max"] if draft else 0
+    slots, snapshots = srv["parallel"], 1 + n_rs_seq
+    tk, tv = srv["cache_type_k"], srv["cache_type_v"]
+
+    host.use["weights"] += target.input_bytes
+    out_pool = devices[-1] if devices and ngl > target.n_layer else host
+    out_pool.use["weights"] += target.output_bytes
+    state_layer = target.state_layer_bytes()
+    for il in range(target.n_layer):
+        d = dev[il]
+        d.use["weights"] += target.block_bytes[il] if target.block_bytes else 0
+        if target.expert_bytes:
+            (host if il < n_cpu_moe else d).use["weights"] += target.expert_bytes[il]
+        d.use["kv"] += target.kv_layer_bytes_per_token(il, tk, tv) * cells
+        if target.recurrent[il]:
+            d.use["state"] += state_layer * slots * snapshots
+
+    figures = {
+        "kv_per_token": target.kv_bytes_per_token(tk, tv), "kv_cells": cells,
+        "kv_total": target.kv_bytes_per_token(tk, tv) * cells,
+        "attention_layers": len(target.attention_layers), "recurrent_layers": len(target.recurrent_layers),
+        "state_per_slot": target.state_bytes_per_slot(), "slots": slots, "state_snapshots": snapshots,
+        "state_total": target.state_bytes_per_slot() * slots * snapshots,
+        "target_weights": target.weight_bytes, "mmproj": mmproj_bytes,
+    }
+    if draft is not None:
+        dpool = devices[-1] if devices and drf["n_gpu_layers"] != 0 else host
+        dkv = draft.kv_bytes_per_token(drf["cache_type_k"], drf["cache_type_v"])
+        dpool.use["draft"] += draft.weight_bytes + dkv * cells  # the draft context has the target's n_ctx
+        figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells)
+        if draft.block_size is not None and drf["n_max"] > draft.block_size:
+            notes.append(f"draft.n_max {drf['n_max']} exceeds the draft's block_size {draft.block_size}; "
+                         f"the runtime clamps it")
+    if mmproj_bytes:
+        local_gpus = [d for d in devices if not d.name.startswith("rpc")]
+        (local_gpus[0] if local_gpus and srv["mmproj_offload"] else host).use["mmproj"] += mmproj_bytes
+    for p in pools:
+        if p.total or p is host:
+            p.use["compute"] += int(recipe.memory["compute_mib"] * MIB)
+    split = [float(d.budget // GIB) for d in devices] if len(devices) > 1 else None
+    return Plan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
+                tensor_split=split, pools=pools, figures=figures, notes=notes)
+
+
+def _choices(setting, n_layer: int, descending: bool) -> list[int]:
+    if setting == "all":
+        return [n_layer + 1] if descending else [n_layer]
+    if setting == "auto":
+        r = range(n_layer + 1, -1, -1) if descending else range(0, n_layer + 1)
+        return list(r)
+    return [int(setting)]
+
+
+def make_plan(target: TargetShape, recipe: Recipe, *, ctx: int | None = None, draft: DraftShape | None = None,
+              mmproj_bytes: int = 0, rpc_workers: int | None = None) -> Plan:
+    """Pick -c / -ngl / --n-cpu-moe so everything fits every device; raise PlanError when nothing does.
+
+    Search order (first fit wins): the recipe's context, then halved down to server.min_ctx (an explicit
+    `ctx` is never changed); per context, most layers on the GPU first and, per layer count, the fewest
+    blocks whose experts stay in host memory.
+    """
+    srv = recipe.server
+    workers = recipe.rpc["workers"] if rpc_workers is None else rpc_workers
+    has_devices = bool(recipe.memory["gpu_gib"]) or workers > 0
+    if ctx is not None:
+        contexts = [ctx]
+    else:
+        top = min(srv["ctx"], recipe.draft["ctx_cap"]) if draft is not None else srv["ctx"]
+        contexts, c = [], top
+        while c >= min(srv["min_ctx"], top):
+            contexts.append(c)
+            if c == srv["min_ctx"]:
+                break
+            c = max(c // 2, srv["min_ctx"])
+    ngls = _choices(srv["n_gpu_layers"], target.n_layer, True) if has_devices else [0]
+    cmoes = _choices(srv["n_cpu_moe"], target.n_layer, False) if has_devices else [0]
+    last = None
+    for c in contexts:
+        for ngl in ngls:
+            for ncm in cmoes:
+                last = evaluate(target, recipe, ctx=c, ngl=ngl, n_cpu_moe=ncm, draft=draft,
+                                mmproj_bytes=mmproj_bytes, rpc_workers=workers)
+                if last.fits:
+                    if c != contexts[0]:
+                        last.notes.append(f"context reduced from {contexts[0]} to {c} to fit")
+                    if draft is not None and ctx is None and srv["ctx"] > c:
+                        last.notes.append(f"context capped at {c} with the draft (draft.ctx_cap "
+                                          f"{recipe.draft['ctx_cap']}); pass --ctx to override")
+                    return last
+    over = [p for p in last.pools if not p.fits]
+    detail = "; ".join(f"{p.name} needs {_gib(p.total)} of {_gib(p.budget)} "
+                       f"({', '.join(f'{k} {_gib(v)}' for k, v in p.use.items() if v)})" for p in over)
+    raise PlanError(f"the model does not fit recipe {recipe.name}: even at -c {last.ctx} -ngl {last.n_gpu_layers} "
+                    f"--n-cpu-moe {last.n_cpu_moe}, {detail}; use a smaller quant, a smaller --ctx, or a recipe "
+                    f"with more memory")

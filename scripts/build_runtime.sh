@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Builds the pinned llama.cpp runtime (the tree vendored in llama-cpp-python 0.3.36) once per machine:
+# shared libraries for the Python bindings plus the tools ggufbridge launches. Cached outside the repo.
+#
+#   scripts/build_runtime.sh [--cuda] [--cuda-arch 90] [--python PY]
+#
+# --python PY: also install llama-cpp-python's Python package (no second compile) into PY's environment
+#              and point it at the libraries built here.
+set -euo pipefail
+
+VERSION=0.3.36
+COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
+CUDA=0
+CUDA_ARCH=""
+PY=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cuda) CUDA=1 ;;
+    --cuda-arch) CUDA_ARCH="$2"; shift ;;
+    --python) PY="$2"; shift ;;
+    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    *) echo "build_runtime: unknown option '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+CACHE="${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}"
+VARIANT=cpu
+[ "$CUDA" = 1 ] && VARIANT=cuda
+PREFIX="$CACHE/llama.cpp-$VERSION-$VARIANT"
+SRC="$CACHE/src/llama_cpp_python-$VERSION"
+JOBS="${JOBS:-$(nproc)}"
+TOOLS=(llama-server llama-cli llama-mtmd-cli llama-quantize llama-imatrix llama-perplexity ggml-rpc-server)
+
+mkdir -p "$CACHE/src"
+if [ ! -f "$SRC/.extracted" ]; then
+  sdist="$CACHE/src/llama_cpp_python-$VERSION.tar.gz"
+  if [ ! -f "$sdist" ]; then
+    echo "build_runtime: downloading llama-cpp-python $VERSION sdist"
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$tmp"
+    mv "$tmp"/llama_cpp_python-$VERSION.tar.gz "$sdist"
+    rm -rf "$tmp"
+  fi
+  rm -rf "$SRC"
+  tar -xzf "$sdist" -C "$CACHE/src"
+  touch "$SRC/.extracted"
+fi
+
+if [ ! -f "$PREFIX/runtime.json" ]; then
+  args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+        -DGGML_RPC=ON -DLLAMA_BUILD_MTMD=ON)
+  if [ "$CUDA" = 1 ]; then
+    args+=(-DGGML_CUDA=ON)
+    [ -n "$CUDA_ARCH" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
+  fi
+  gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  echo "build_runtime: configuring ($VARIANT) in $PREFIX/build"
+  cmake -S "$SRC/vendor/llama.cpp" -B "$PREFIX/build" "${gen[@]}" "${args[@]}" >"$PREFIX.configure.log" 2>&1 \
+    || { tail -30 "$PREFIX.configure.log" >&2; exit 1; }
+  echo "build_runtime: building ${TOOLS[*]} and the shared libraries with $JOBS jobs (a few minutes)"
+  cmake --build "$PREFIX/build" -j "$JOBS" --target llama mtmd "${TOOLS[@]}" >"$PREFIX.build.log" 2>&1 \
+    || { tail -40 "$PREFIX.build.log" >&2; exit 1; }
+  backends='["cpu","rpc"]'
+  [ "$CUDA" = 1 ] && backends='["cpu","rpc","cuda"]'
+  printf '{"version": "%s", "commit": "%s", "variant": "%s", "backends": %s, "bin": "%s"}\n' \
+    "$VERSION" "$COMMIT" "$VARIANT" "$backends" "$PREFIX/build/bin" >"$PREFIX/runtime.json"
+fi
+echo "build_runtime: runtime ready in $PREFIX/build/bin"
+
+if [ -n "$PY" ]; then
+  # The bindings load libllama/libmtmd/libggml from their own llama_cpp/lib folder; install the
+  # Python sources without compiling and link that folder to the libraries built above.
+  CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$PY" -m pip install -q --no-deps --no-build-isolation "$SRC" 2>/dev/null \
+    || CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$PY" -m pip install -q --no-deps "$SRC"
+  "$PY" -m pip install -q "typing-extensions>=4.5.0" "diskcache>=5.6.1" "jinja2>=2.11.3" "numpy>=1.20.0"
+  pkg=$("$PY" -c 'import importlib.util,os;print(os.path.dirname(importlib.util.find_spec("llama_cpp").origin))')
+  mkdir -p "$pkg/lib"
+  for so in "$PREFIX/build/bin"/*.so*; do ln -sf "$so" "$pkg/lib/$(basename "$so")"; done
+  echo "build_runtime: llama-cpp-python $VERSION bound to $PREFIX/build/bin"
+fi

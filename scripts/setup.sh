@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine: .venv at the repo root with ggufbridge (+ test extras), and the pinned llama.cpp
+# runtime built once per machine (cached in ~/.cache/ggufbridge) and bound to the Python bindings.
+#   scripts/setup.sh [--cuda]          (extra args go to build_runtime.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY="$PWD/.venv/bin/python"
+# CPU torch: a pinned version resolves to the local CPU wheel; an unpinned one pulls a multi-GB CUDA build.
+"$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+"$VPY" -m pip install -q "torch==2.13.0"
+bash scripts/build_runtime.sh --python "$VPY" "$@"
+"$VPY" -m pip install -q -e ".[test]"
+echo "setup: ready — .venv/bin/ggufbridge doctor"
