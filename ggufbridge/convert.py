@@ -117,18 +117,51 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = None,
-            progress: bool = True) -> ConvertResult:
-    if outtype not in OUTTYPES:
-        raise GGUFBridgeError(f"--outtype must be one of {', '.join(OUTTYPES)}, found {outtype!r}")
-    md = ModelDir.open(model_dir)
+@dataclass
+class Output:
+    role: str  # "target" | "mmproj" | "draft"
+    plan: ConversionPlan
+    filename: str
+    outtype: str
+
+
+def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None, draft_outtype: str = "f16",
+                 mmproj: bool = True, mmproj_outtype: str = "f16", downsample: str | None = None) -> list[Output]:
+    """Decide every file to write, validating everything that can be validated before a byte is written."""
+    for flag, val in (("--outtype", outtype), ("--draft-outtype", draft_outtype), ("--mmproj-outtype", mmproj_outtype)):
+        if val not in OUTTYPES:
+            raise GGUFBridgeError(f"{flag} must be one of {', '.join(OUTTYPES)}, found {val!r}")
     arch = converter_for(md.config)
-    plan, _params = arch.plan_target(md)
+    plan, params = arch.plan_target(md)
     basename = basename or arch.BASENAME
     size = size_label(plan)
+    stem = f"{basename}-{size}"
     add_general(plan, basename=basename, size=size, outtype=outtype, model_dir=md.path, role="target")
-    outputs = [("target", plan, f"{basename}-{size}-{outtype.upper()}.gguf", outtype)]
-    for note in plan.notes:
+    outputs = [Output("target", plan, f"{stem}-{outtype.upper()}.gguf", outtype)]
+    # mmproj: the vision tower's converter lives with the architecture (absent → text-only release).
+    if mmproj and hasattr(arch, "plan_mmproj"):
+        vplan = arch.plan_mmproj(md, params, downsample=downsample)
+        if vplan is not None:
+            add_general(vplan, basename=basename, size=size, outtype=mmproj_outtype, model_dir=md.path, role="mmproj")
+            outputs.append(Output("mmproj", vplan, f"mmproj-{stem}-{mmproj_outtype.upper()}.gguf", mmproj_outtype))
+    if draft is not None:
+        from ggufbridge.arch import dspark
+
+        dmd = ModelDir.open(draft)
+        dplan = dspark.plan_draft(dmd, target=md, target_plan=plan, target_params=params)
+        add_general(dplan, basename=basename, size=size, outtype=draft_outtype, model_dir=dmd.path, role="draft")
+        outputs.append(Output("draft", dplan, f"dspark-{stem}-{draft_outtype.upper()}.gguf", draft_outtype))
+    return outputs
+
+
+def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = None, draft=None,
+            draft_outtype: str = "f16", mmproj: bool = True, mmproj_outtype: str = "f16",
+            downsample: str | None = None, progress: bool = True) -> ConvertResult:
+    md = ModelDir.open(model_dir)
+    outputs = plan_outputs(md, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
+                           mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample)
+    notes = [n for o in outputs for n in o.plan.notes]
+    for note in notes:
         log.info(note)
 
     out = Path(out_dir)
@@ -138,7 +171,7 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     out.mkdir(parents=True, exist_ok=True)
     written: list[tuple[str, Written, str]] = []
     manifest_tmp = tmp_name(out / MANIFEST)
-    total = sum(t.source_bytes for _, p, _, _ in outputs for t in p.tensors)
+    total = sum(t.source_bytes for o in outputs for t in o.plan.tensors)
     sources = sorted(p for p in md.path.iterdir() if p.is_file() and not p.name.startswith("."))
     try:
         # Hash the source files on a second thread while converting: hashlib releases the GIL on large buffers.
@@ -146,9 +179,9 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
             src_hashes = pool.map(_sha256_file, sources)
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                       desc="convert", leave=False) as bar:
-                for role, p, name, otype in outputs:
-                    w = write_gguf(p, out / name, otype, progress=bar.update)
-                    written.append((role, w, otype))
+                for o in outputs:
+                    w = write_gguf(o.plan, out / o.filename, o.outtype, progress=bar.update)
+                    written.append((o.role, w, o.outtype))
             source = {s.name: h for s, h in zip(sources, src_hashes)}
         files = [
             {"role": role, "path": w.final.name, "bytes": w.nbytes, "sha256": w.sha256, "type": otype.upper()}
@@ -166,4 +199,4 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
         if created and not any(out.iterdir()):
             out.rmdir()
         raise
-    return ConvertResult(out, files, plan.notes)
+    return ConvertResult(out, files, notes)

@@ -7,20 +7,29 @@ import click
 from ggufbridge.cli._common import user_errors
 from ggufbridge.ggufio.writer import OUTTYPES
 
+TYPES = click.Choice(sorted(OUTTYPES))
+
 
 @click.command("convert")
 @click.argument("model_dir")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--outtype", type=click.Choice(sorted(OUTTYPES)), default="f16", show_default=True,
-              help="Type of the large weights; norms, router and SSM parameters always stay F32.")
+@click.option("--outtype", type=TYPES, default="f16", show_default=True,
+              help="Type of the target's large weights; norms, router and SSM parameters always stay F32.")
+@click.option("--draft", "draft", default=None, help="DSpark draft checkpoint folder: also write the draft GGUF.")
+@click.option("--draft-outtype", type=TYPES, default="f16", show_default=True, help="Type of the draft's weights.")
+@click.option("--mmproj/--no-mmproj", default=True, show_default=True, help="Also write the vision projector GGUF.")
+@click.option("--mmproj-outtype", type=TYPES, default="f16", show_default=True, help="Type of the mmproj weights.")
+@click.option("--downsample", type=click.Choice(["4x", "16x"]), default=None,
+              help="Visual token compression of the mmproj (default: the checkpoint's).")
 @click.option("--name", "basename", default=None, help="Base name of the output files (default: MiniCPM-V-4_7).")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar (bytes).")
 @user_errors
-def command(model_dir, out_dir, outtype, basename, progress):
-    """Convert an upstream MiniCPM-V 4.7 checkpoint (folder or cached HF repo id) to GGUF."""
+def command(model_dir, out_dir, outtype, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename, progress):
+    """Convert an upstream MiniCPM-V 4.7 checkpoint (folder or cached HF repo id) to GGUF files + manifest.json."""
     from ggufbridge.convert import convert
 
-    res = convert(model_dir, out_dir, outtype=outtype, basename=basename, progress=progress)
+    res = convert(model_dir, out_dir, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
+                  mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress)
     for f in res.files:
         click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")
     click.echo(f"manifest {res.out_dir / 'manifest.json'}")
