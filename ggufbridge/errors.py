@@ -43,3 +43,27 @@ class PlanError(GGUFBridgeError):
 
 class ServerError(GGUFBridgeError):
     """llama-server (or another launched tool) failed to start, died, or could not bind its port."""
+
+
+class EvalDataError(GGUFBridgeError):
+    """An eval set (JSONL rows or text file) is empty, malformed, or does not fit the context."""
+
+
+class LogitsMismatch(GGUFBridgeError):
+    """Two logit sources cannot be compared: different vocabularies, tokenizers, or token ids."""
+
+
+class DeviceUnavailable(GGUFBridgeError):
+    """A backend needs hardware (e.g. a CUDA GPU) or a package that this machine lacks."""
+
+
+class GGUFFileError(GGUFBridgeError):
+    """A GGUF file is unreadable, truncated or malformed."""
+
+
+class VisionInputError(GGUFBridgeError):
+    """An image (or video) cannot be used: unreadable, empty, unsupported format, or too large."""
+
+
+class VisionModelError(GGUFBridgeError):
+    """The mmproj and the text model do not fit together, or the vision runtime rejected an input."""

@@ -106,8 +106,29 @@ def write_qwen35moe(path, *, n_embd=64, layer_types="LLLF", n_head=4, n_head_kv=
     w.close()
 
 
+def _copy_tokenizer(w: GGUFWriter, target_gguf) -> int:
+    """Copy every tokenizer.* key of a target GGUF (a DSpark draft shares its target's vocabulary);
+    the mask token is the last id. Returns the vocabulary size."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(target_gguf), "r")
+    n_vocab = 0
+    for f in r.fields.values():
+        if not f.name.startswith("tokenizer.") or f.name == "tokenizer.ggml.mask_token_id":
+            continue
+        val = f.contents()
+        if f.types[0] == GGUFValueType.ARRAY:
+            w.add_key_value(f.name, val, GGUFValueType.ARRAY, f.types[1])
+        else:
+            w.add_key_value(f.name, val, f.types[0])
+        if f.name == "tokenizer.ggml.tokens":
+            n_vocab = len(val)
+    w.add_uint32("tokenizer.ggml.mask_token_id", n_vocab - 1)
+    return n_vocab
+
+
 def write_dspark(path, *, n_embd=64, n_layer=1, n_head=4, n_head_kv=2, head_dim=16, n_ff=64, rank=16,
-                 block_size=4, target_layers=(1, 2), n_vocab=512, n_ctx=4096, seed=1) -> None:
+                 block_size=4, target_layers=(1, 2), n_vocab=512, n_ctx=4096, seed=1, tokenizer_from=None) -> None:
     rng = np.random.default_rng(seed)
 
     def t(*shape):
@@ -122,7 +143,10 @@ def write_dspark(path, *, n_embd=64, n_layer=1, n_head=4, n_head_kv=2, head_dim=
         w.add_uint32(p + key, val)
     w.add_float32(p + "attention.layer_norm_rms_epsilon", 1e-6)
     w.add_array(p + "target_layers", list(target_layers))
-    _tokenizer(w, n_vocab, mask=True)
+    if tokenizer_from is not None:
+        n_vocab = _copy_tokenizer(w, tokenizer_from)
+    else:
+        _tokenizer(w, n_vocab, mask=True)
     nt = len(target_layers)
     w.add_tensor("fc.weight", t(n_embd, nt * n_embd))
     w.add_tensor("enc.output_norm.weight", np.ones(n_embd, np.float32))

@@ -45,3 +45,10 @@ def plan_target(md: ModelDir) -> tuple[ConversionPlan, qwen35moe.TextParams]:
             f"{len(leftover)} text tensor(s) not understood by the converter, e.g. {sorted(leftover)[0]}"
         )
     return plan, params
+
+
+def plan_mmproj(md: ModelDir, params: qwen35moe.TextParams, downsample: str | None = None):
+    """The vision tower's mmproj plan (None without a vision tower): see ggufbridge.arch.minicpmv4_7_vision."""
+    from ggufbridge.arch import minicpmv4_7_vision
+
+    return minicpmv4_7_vision.plan_mmproj(md, params.hidden, downsample=downsample)

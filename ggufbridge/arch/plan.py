@@ -20,6 +20,7 @@ class PlannedTensor:
     sources: list[TensorRef]
     build: Callable[[], tuple[np.ndarray, str]]  # -> (array, dtype tag "F32" | "F16" | "BF16" | ...)
     force_f32: bool = False  # element-wise weights the runtime needs in F32 (norms, biases, SSM parameters)
+    ggml_type: str | None = None  # forces the stored GGML type by name (e.g. "I64" for DSpark's d2t ids)
 
     @property
     def source_bytes(self) -> int:

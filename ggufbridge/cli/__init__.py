@@ -18,6 +18,13 @@ from ggufbridge import __version__
 COMMANDS = {
     "convert": "convert",
     "doctor": "doctor",
+    "inspect": "inspect",
+    "serve": "serve",
+    "plan": "plan",
+    "run": "run",
+    "bench": "bench",
+    "compare": "compare",
+    "dump-logits": "dump_logits",
 }
 
 

@@ -34,6 +34,8 @@ FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
 
 
 def choose_type(t: PlannedTensor, outtype: str) -> GGMLQuantizationType:
+    if t.ggml_type:
+        return GGMLQuantizationType[t.ggml_type]
     if t.force_f32 or len(t.shape) == 1:
         return GGMLQuantizationType.F32
     qt = OUTTYPES[outtype]

@@ -94,7 +94,8 @@ class Runtime:
     def env(self) -> dict[str, str]:
         """Environment for launching a tool: shared libs next to the tools come first on the loader path."""
         env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(self.bin_dir), env.get("LD_LIBRARY_PATH")) if p)
+        dirs = [str(d) for d in _lib_dirs(self.bin_dir)] + [env.get("LD_LIBRARY_PATH", "")]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in dirs if p)
         return env
 
 
@@ -145,11 +146,17 @@ def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
+def _lib_dirs(bin_dir: Path) -> list[Path]:
+    """A build tree keeps the shared libraries next to the tools; an installed prefix keeps them in ../lib."""
+    return [d for d in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "lib64") if d.is_dir()]
+
+
 def _find_lib(bin_dir: Path, stem: str) -> Path | None:
-    for suffix in (".so", ".dylib", ".dll"):
-        p = bin_dir / (stem + suffix)
-        if p.is_file():
-            return p
+    for d in _lib_dirs(bin_dir):
+        for suffix in (".so", ".dylib", ".dll"):
+            p = d / (stem + suffix)
+            if p.is_file():
+                return p
     return None
 
 
@@ -272,8 +279,8 @@ class BindingsReport:
 
     def outside(self, rt: Runtime) -> list[str]:
         """Loaded libraries that are not the runtime's own files."""
-        own = rt.bin_dir.resolve()
-        return [p for p in self.libs if Path(p).resolve().parent != own]
+        own = {d.resolve() for d in _lib_dirs(rt.bin_dir)}
+        return [p for p in self.libs if Path(p).resolve().parent not in own]
 
 
 def probe_bindings(python: str | None = None, timeout: float = 60.0) -> BindingsReport:

@@ -56,6 +56,7 @@ class TargetShape:
     group_count: int
     inner_size: int
     n_vocab: int = 0
+    n_ctx_train: int = 0                # context_length of the GGUF (0 = unknown)
     block_bytes: tuple[int, ...] = ()   # non-expert weight bytes per block
     expert_bytes: tuple[int, ...] = ()  # routed-expert weight bytes per block
     input_bytes: int = 0                # token_embd (always host)
@@ -73,6 +74,11 @@ class TargetShape:
         if self.recurrent[il]:
             return 0
         h = self.n_head_kv[il]
+        for t, d in ((type_k, self.key_length), (type_v, self.value_length)):
+            blk = _KV_SIZES[t][0]
+            if d % blk:  # the runtime refuses a quantised cache whose head_dim is not whole blocks
+                raise PlanError(f"KV cache type {t} needs head_dim divisible by {blk}, found {d}; "
+                                f"use f16/bf16/f32")
         return row_bytes(type_k, h * self.key_length) + row_bytes(type_v, h * self.value_length)
 
     def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> int:
@@ -115,7 +121,7 @@ class TargetShape:
             conv_kernel=cfg["linear_conv_kernel_dim"], state_size=cfg["linear_key_head_dim"],
             group_count=cfg["linear_num_key_heads"],
             inner_size=cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"],
-            n_vocab=cfg.get("vocab_size", 0))
+            n_vocab=cfg.get("vocab_size", 0), n_ctx_train=cfg.get("max_position_embeddings", 0))
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,7 @@ def target_from_gguf(path: str | Path) -> TargetShape:
         group_count=int(_need(fields, p + "ssm.group_count", path)),
         inner_size=int(_need(fields, p + "ssm.inner_size", path)),
         n_vocab=len(fields.get("tokenizer.ggml.tokens", [])),
+        n_ctx_train=int(fields.get(p + "context_length", 0)),
         # MTP blocks (if any) are loaded with the last layer's device; fold them into it
         block_bytes=tuple(block[:n - 1] + [sum(block[n - 1:])]),
         expert_bytes=tuple(experts[:n - 1] + [sum(experts[n - 1:])]),
@@ -288,10 +295,10 @@ class Plan:
                          f"= {_gib(f['draft_kv_total'])}")
         if f.get("mmproj"):
             lines.append(f"  mmproj: {_gib(f['mmproj'])}")
-        lines.append(f"  {'device':<22}" + "".join(f"{c:>10}" for c in CATEGORIES) + f"{'total':>11}{'budget':>11}")
+        lines.append(f"  {'device':<22}" + "".join(f"{c:>12}" for c in CATEGORIES) + f"{'total':>12}{'budget':>12}")
         for p in self.pools:
-            lines.append(f"  {p.name:<22}" + "".join(f"{_gib(p.use[c], 2):>10}" for c in CATEGORIES)
-                         + f"{_gib(p.total, 2):>11}{_gib(p.budget, 2):>11}" + ("" if p.fits else "  OVER"))
+            lines.append(f"  {p.name:<22}" + "".join(f"{_gib(p.use[c], 2):>12}" for c in CATEGORIES)
+                         + f"{_gib(p.total, 2):>12}{_gib(p.budget, 2):>12}" + ("" if p.fits else "  OVER"))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -303,20 +310,24 @@ class Plan:
 
 
 def _gib(n: int, digits: int = 2) -> str:
-    return f"{n / GIB:.{digits}f} GiB"
+    """Human size; GiB for anything of a real model, smaller units for test models."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= size or unit == "KiB" and n:
+            return f"{n / size:.{digits}f} {unit}"
+    return "0"
 
 
-def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool, list[str]]:
+def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool]:
     """(devices in llama.cpp order, host pool). RPC workers come first, as the runtime orders them."""
-    mem, notes = recipe.memory, []
+    mem = recipe.memory
     rpc = [Pool(f"rpc{i}", int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB))
            for i in range(rpc_workers)]
     if mem["unified"]:
         shared = Pool("gpu0 (unified)", int((mem["gpu_gib"][0] - mem["headroom_gib"]) * GIB))
-        return rpc + [shared], shared, notes
+        return rpc + [shared], shared
     gpus = [Pool(f"gpu{i}", int((g - mem["headroom_gib"]) * GIB)) for i, g in enumerate(mem["gpu_gib"])]
     host = Pool("host", int((mem["host_gib"] - mem["host_headroom_gib"]) * GIB))
-    return rpc + gpus, host, notes
+    return rpc + gpus, host
 
 
 def _assign(devices: list[Pool], n_layer: int, ngl: int) -> list[int | None]:
@@ -339,7 +350,8 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
              draft: DraftShape | None = None, mmproj_bytes: int = 0, rpc_workers: int = 0) -> Plan:
     """Bytes per device for one setting. Does not search; see `make_plan`."""
     srv, drf = recipe.server, recipe.draft
-    devices, host, notes = _pools(recipe, rpc_workers)
+    devices, host = _pools(recipe, rpc_workers)
+    notes: list[str] = []
     pools = list(devices) + ([host] if host not in devices else [])
     where = _assign(devices, target.n_layer, ngl)
     dev = [devices[w] if w is not None else host for w in where]
@@ -401,23 +413,30 @@ def make_plan(target: TargetShape, recipe: Recipe, *, ctx: int | None = None, dr
               mmproj_bytes: int = 0, rpc_workers: int | None = None) -> Plan:
     """Pick -c / -ngl / --n-cpu-moe so everything fits every device; raise PlanError when nothing does.
 
-    Search order (first fit wins): the recipe's context, then halved down to server.min_ctx (an explicit
-    `ctx` is never changed); per context, most layers on the GPU first and, per layer count, the fewest
-    blocks whose experts stay in host memory.
+    Search order (first fit wins): the recipe's context (at most the model's trained context, and at most
+    draft.ctx_cap with a draft), then halved down to server.min_ctx (an explicit `ctx` is never changed); per
+    context, most layers on the GPU first and, per layer count, the fewest blocks whose experts stay in host
+    memory.
     """
     srv = recipe.server
     workers = recipe.rpc["workers"] if rpc_workers is None else rpc_workers
     has_devices = bool(recipe.memory["gpu_gib"]) or workers > 0
+    notes = []
     if ctx is not None:
         contexts = [ctx]
     else:
-        top = min(srv["ctx"], recipe.draft["ctx_cap"]) if draft is not None else srv["ctx"]
-        contexts, c = [], top
-        while c >= min(srv["min_ctx"], top):
+        top = srv["ctx"]
+        if target.n_ctx_train and target.n_ctx_train < top:
+            top = target.n_ctx_train
+            notes.append(f"context capped at the model's trained context ({top})")
+        if draft is not None and recipe.draft["ctx_cap"] < top:
+            top = recipe.draft["ctx_cap"]
+            notes.append(f"context capped at {top} with the draft (draft.ctx_cap); pass --ctx to override")
+        lo = min(srv["min_ctx"], top)
+        contexts, c = [top], top
+        while c > lo:
+            c = max(c // 2, lo)
             contexts.append(c)
-            if c == srv["min_ctx"]:
-                break
-            c = max(c // 2, srv["min_ctx"])
     ngls = _choices(srv["n_gpu_layers"], target.n_layer, True) if has_devices else [0]
     cmoes = _choices(srv["n_cpu_moe"], target.n_layer, False) if has_devices else [0]
     last = None
@@ -427,11 +446,9 @@ def make_plan(target: TargetShape, recipe: Recipe, *, ctx: int | None = None, dr
                 last = evaluate(target, recipe, ctx=c, ngl=ngl, n_cpu_moe=ncm, draft=draft,
                                 mmproj_bytes=mmproj_bytes, rpc_workers=workers)
                 if last.fits:
+                    last.notes += notes
                     if c != contexts[0]:
                         last.notes.append(f"context reduced from {contexts[0]} to {c} to fit")
-                    if draft is not None and ctx is None and srv["ctx"] > c:
-                        last.notes.append(f"context capped at {c} with the draft (draft.ctx_cap "
-                                          f"{recipe.draft['ctx_cap']}); pass --ctx to override")
                     return last
     over = [p for p in last.pools if not p.fits]
     detail = "; ".join(f"{p.name} needs {_gib(p.total)} of {_gib(p.budget)} "

@@ -1,0 +1,274 @@
+"""MiniCPM-V 4.7 vision tower (SigLIP + window-attention vit_merger + downsample merger) → mmproj GGUF for the
+runtime's `minicpmv4_6` projector.
+
+Facts: shared/docs/runtime-facts.md section C. The name tables below are the whole mapping; the only transform
+is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggufbridge.arch.config import Cfg, check
+from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.checkpoint.model_dir import ModelDir
+from ggufbridge.checkpoint.safetensors import TensorRef, to_f32
+from ggufbridge.errors import CheckpointError, ConfigError
+
+ARCH = "clip"
+PROJECTOR = "minicpmv4_6"  # the runtime's projector for MiniCPM-V 4.6 and 4.7 (same graph)
+RUNTIME_GRID = 70  # the runtime indexes v.position_embd with a fixed 70×70 bucket grid
+TOWER = "model.vision_tower."
+MERGER = "model.merger.mlp.0."
+# downsample mode → (clip.vision.projector.scale_factor, merge factor per side, vit_merger in the graph)
+DOWNSAMPLE = {"16x": (4, 4, True), "4x": (2, 2, False)}
+# HF hidden_act → the runtime's MLP activation is tanh-GELU only with clip.use_gelu
+TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
+
+
+@dataclass(frozen=True)
+class VisionParams:
+    hidden: int  # D
+    ff: int  # Fv
+    n_layer: int
+    n_head: int
+    patch: int
+    grid: int  # S: side of the HF position grid (vision image_size / patch)
+    eps: float
+    insert_layer_id: int
+    slice_size: int  # processor scale_resolution → clip.vision.image_size
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    downsample: str
+    text_hidden: int
+    max_slice_nums: int
+    use_image_id: bool
+
+    @property
+    def scale_factor(self) -> int:
+        return DOWNSAMPLE[self.downsample][0]
+
+    @property
+    def merge(self) -> int:
+        return DOWNSAMPLE[self.downsample][1]
+
+    @property
+    def has_vit_merger(self) -> bool:
+        return DOWNSAMPLE[self.downsample][2]
+
+
+def read_preprocessor(md: ModelDir) -> dict:
+    path = md.file("preprocessor_config.json")
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _triple(pre: Cfg, key: str) -> tuple[float, float, float]:
+    val = pre.get(key, list, [0.5, 0.5, 0.5])
+    check(len(val) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in val),
+          f"{pre.where}: {key} must be 3 numbers (RGB), found {val!r}")
+    if key == "image_std":
+        check(all(v > 0 for v in val), f"{pre.where}: image_std must be positive, found {val!r}")
+    return tuple(float(v) for v in val)
+
+
+def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -> VisionParams:
+    root = Cfg(md.config)
+    v = root.sub("vision_config")
+    pre = Cfg(read_preprocessor(md), "preprocessor_config.json")
+    hidden = v.positive("hidden_size")
+    ff = v.positive("intermediate_size")
+    n_head = v.positive("num_attention_heads")
+    patch = v.positive("patch_size", 14)
+    n_layer = v.positive("num_hidden_layers")
+    img = v.positive("image_size", 980)
+    check(hidden % n_head == 0, f"{v.where}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({n_head})")
+    check(img % patch == 0, f"{v.where}: image_size ({img}) must be a multiple of patch_size ({patch})")
+    # The runtime swaps fc1/fc2 whenever ffn_down's row length equals the hidden size (legacy-export fix), which a
+    # correct file with intermediate_size == hidden_size would trigger: the result would be silently wrong.
+    check(ff != hidden, f"{v.where}: intermediate_size must differ from hidden_size ({hidden}) for the llama.cpp "
+                        f"projector (it would silently swap fc1/fc2), found {ff}")
+    act = v.get("hidden_act", str, "gelu_pytorch_tanh")
+    check(act in TANH_GELU, f"{v.where}: hidden_act must be one of {list(TANH_GELU)} (the runtime's SigLIP MLP is "
+                            f"tanh-GELU), found {act!r}")
+    insert = root.get("insert_layer_id", int, v.get("insert_layer_id", int, 6))
+    check(0 <= insert < n_layer, f"config.json: insert_layer_id must be in 0..{n_layer - 1}, found {insert}")
+    merger_times = root.get("merger_times", int, 1)
+    check(merger_times == 1, f"config.json: merger_times must be 1 (the runtime has one final merger), found {merger_times}")
+    kernel = root.get("merge_kernel_size", list, [2, 2])
+    check(list(kernel) == [2, 2], f"config.json: merge_kernel_size must be [2, 2], found {kernel}")
+
+    mode = downsample or pre.get("downsample_mode", str, None) or root.get("downsample_mode", str, "16x")
+    check(mode in DOWNSAMPLE, f"downsample mode must be one of {sorted(DOWNSAMPLE)}, found {mode!r}")
+    slice_size = pre.positive("scale_resolution", root.get("image_size", int, 448))
+    pre_patch = pre.positive("patch_size", patch)
+    check(pre_patch == patch, f"{pre.where}: patch_size must equal vision_config.patch_size ({patch}), found {pre_patch}")
+    align = patch * DOWNSAMPLE[mode][1]
+    # Warm-up encodes a slice_size² image; slices are aligned to patch·merge, so the slice size must be too.
+    check(slice_size % (patch * 4) == 0,
+          f"{pre.where}: scale_resolution must be a multiple of {patch * 4} (patch_size·4), found {slice_size}")
+    check(slice_size % align == 0, f"{pre.where}: scale_resolution must be a multiple of {align}, found {slice_size}")
+    return VisionParams(
+        hidden=hidden, ff=ff, n_layer=n_layer, n_head=n_head, patch=patch, grid=img // patch,
+        eps=v.get("layer_norm_eps", float, 1e-6), insert_layer_id=insert, slice_size=slice_size,
+        mean=_triple(pre, "image_mean"), std=_triple(pre, "image_std"), downsample=mode, text_hidden=text_hidden,
+        max_slice_nums=pre.positive("max_slice_nums", 9), use_image_id=bool(pre.get("use_image_id", bool, True)),
+    )
+
+
+def expand_position_table(table: np.ndarray, grid: int) -> np.ndarray:
+    """HF `[grid², D]` → runtime `[70², D]`: runtime bucket b covers [b/70, (b+1)/70); take the HF bucket of
+    its centre (exact whenever no HF bucket boundary falls inside a runtime bucket, e.g. when grid divides 70)."""
+    if grid == RUNTIME_GRID:
+        return table
+    src = np.minimum((grid * (np.arange(RUNTIME_GRID) + 0.5) / RUNTIME_GRID).astype(np.int64), grid - 1)
+    rows = (src[:, None] * grid + src[None, :]).reshape(-1)
+    return np.ascontiguousarray(table[rows])
+
+
+# --- name tables: GGUF name → (HF name, expected HF shape) -----------------------------------------------------
+# Shapes are written with symbols resolved by `_shape`: D = vision hidden, F = vision ff, P = patch,
+# T = text hidden; "4D"/"4F" are the 2×2-concatenated widths.
+D, F, P, T, D4, F4 = "D", "F", "P", "T", "4D", "4F"
+
+
+def _shape(p: VisionParams, spec: tuple) -> tuple[int, ...]:
+    sizes = {D: p.hidden, F: p.ff, P: p.patch, T: p.text_hidden, D4: 4 * p.hidden, F4: 4 * p.ff}
+    return tuple(sizes.get(s, s) for s in spec)
+
+
+GLOBAL = [
+    ("v.patch_embd.weight", TOWER + "embeddings.patch_embedding.weight", (D, 3, P, P)),
+    ("v.patch_embd.bias", TOWER + "embeddings.patch_embedding.bias", (D,)),
+    ("v.post_ln.weight", TOWER + "post_layernorm.weight", (D,)),
+    ("v.post_ln.bias", TOWER + "post_layernorm.bias", (D,)),
+    ("mm.input_norm.weight", MERGER + "pre_norm.weight", (D4,)),
+    ("mm.input_norm.bias", MERGER + "pre_norm.bias", (D4,)),
+    ("mm.up.weight", MERGER + "linear_1.weight", (D4, D4)),
+    ("mm.up.bias", MERGER + "linear_1.bias", (D4,)),
+    ("mm.down.weight", MERGER + "linear_2.weight", (T, D4)),
+    ("mm.down.bias", MERGER + "linear_2.bias", (T,)),
+]
+EVERY_LAYER = [
+    ("attn_q.weight", "self_attn.q_proj.weight", (D, D)),
+    ("attn_q.bias", "self_attn.q_proj.bias", (D,)),
+    ("attn_k.weight", "self_attn.k_proj.weight", (D, D)),
+    ("attn_k.bias", "self_attn.k_proj.bias", (D,)),
+    ("attn_v.weight", "self_attn.v_proj.weight", (D, D)),
+    ("attn_v.bias", "self_attn.v_proj.bias", (D,)),
+    ("attn_out.weight", "self_attn.out_proj.weight", (D, D)),
+    ("attn_out.bias", "self_attn.out_proj.bias", (D,)),
+    ("ln1.weight", "layer_norm1.weight", (D,)),
+    ("ln1.bias", "layer_norm1.bias", (D,)),
+    ("ln2.weight", "layer_norm2.weight", (D,)),
+    ("ln2.bias", "layer_norm2.bias", (D,)),
+    ("ffn_up.weight", "mlp.fc1.weight", (F, D)),
+    ("ffn_up.bias", "mlp.fc1.bias", (F,)),
+    ("ffn_down.weight", "mlp.fc2.weight", (D, F)),
+    ("ffn_down.bias", "mlp.fc2.bias", (D,)),
+]
+VIT_MERGER = [  # only in 16x mode (the runtime skips the window merger when scale_factor is 2)
+    ("v.vit_merger.ln1.weight", "layer_norm1.weight", (D,)),
+    ("v.vit_merger.ln1.bias", "layer_norm1.bias", (D,)),
+    ("v.vit_merger.attn_q.weight", "self_attn.q_proj.weight", (D, D)),
+    ("v.vit_merger.attn_q.bias", "self_attn.q_proj.bias", (D,)),
+    ("v.vit_merger.attn_k.weight", "self_attn.k_proj.weight", (D, D)),
+    ("v.vit_merger.attn_k.bias", "self_attn.k_proj.bias", (D,)),
+    ("v.vit_merger.attn_v.weight", "self_attn.v_proj.weight", (D, D)),
+    ("v.vit_merger.attn_v.bias", "self_attn.v_proj.bias", (D,)),
+    ("v.vit_merger.attn_out.weight", "self_attn.out_proj.weight", (D, D)),
+    ("v.vit_merger.attn_out.bias", "self_attn.out_proj.bias", (D,)),
+    ("v.vit_merger.ds_ln.weight", "pre_norm.weight", (D4,)),
+    ("v.vit_merger.ds_ln.bias", "pre_norm.bias", (D4,)),
+    ("v.vit_merger.ds_ffn_up.weight", "linear_1.weight", (F4, D4)),
+    ("v.vit_merger.ds_ffn_up.bias", "linear_1.bias", (F4,)),
+    ("v.vit_merger.ds_ffn_down.weight", "linear_2.weight", (D, F4)),
+    ("v.vit_merger.ds_ffn_down.bias", "linear_2.bias", (D,)),
+]
+# Biases the runtime treats as optional (C.2): absent in the checkpoint → simply not written.
+OPTIONAL_SUFFIX = ".bias"
+
+
+def _planned(name: str, ref: TensorRef, want: tuple) -> PlannedTensor:
+    if ref.shape != want:
+        raise CheckpointError(f"tensor {ref.name}: expected shape {list(want)} from the config, found {list(ref.shape)}")
+
+    def build():
+        return ref.read(), ref.dtype
+
+    # patch embedding: kept at least F16 by the writer; 1-D weights (norms, biases) go F32 (element-wise use)
+    return PlannedTensor(name, want, [ref], build, force_f32=len(want) == 1)
+
+
+def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -> ConversionPlan | None:
+    """The mmproj plan, or None when the checkpoint has no vision tower (a text-only release)."""
+    if not any(n.startswith(TOWER) for n in md.tensors):
+        return None
+    p = read_params(md, text_hidden, downsample)
+    plan = ConversionPlan(ARCH)
+    plan.bool("clip.has_vision_encoder", True)
+    plan.bool("clip.has_audio_encoder", False)
+    plan.str("clip.projector_type", PROJECTOR)
+    plan.bool("clip.use_gelu", True)
+    plan.u32("clip.vision.embedding_length", p.hidden)
+    plan.u32("clip.vision.feed_forward_length", p.ff)
+    plan.u32("clip.vision.block_count", p.n_layer)
+    plan.u32("clip.vision.attention.head_count", p.n_head)
+    plan.f32("clip.vision.attention.layer_norm_epsilon", p.eps)
+    plan.u32("clip.vision.projection_dim", p.text_hidden)
+    plan.u32("clip.vision.image_size", p.slice_size)
+    plan.u32("clip.vision.patch_size", p.patch)
+    plan.arr("clip.vision.image_mean", [float(x) for x in p.mean])
+    plan.arr("clip.vision.image_std", [float(x) for x in p.std])
+    plan.u32("clip.vision.projector.scale_factor", p.scale_factor)
+    plan.arr("clip.vision.wa_layer_indexes", [int(p.insert_layer_id)])  # INT32 elements (the runtime insists)
+
+    def take(hf: str, want: tuple, gname: str) -> None:
+        ref = md.tensors.get(hf)
+        if ref is None:
+            if gname.endswith(OPTIONAL_SUFFIX):
+                return
+            raise CheckpointError(f"tensor {hf} is missing from the checkpoint (needed for {gname})")
+        plan.tensors.append(_planned(gname, ref, want))
+
+    for gname, hf, spec in GLOBAL:
+        take(hf, _shape(p, spec), gname)
+    pos_name = TOWER + "embeddings.position_embedding.weight"
+    pos = md.tensors.get(pos_name)
+    if pos is None:
+        raise CheckpointError(f"tensor {pos_name} is missing from the checkpoint")
+    if pos.shape != (p.grid * p.grid, p.hidden):
+        raise CheckpointError(f"tensor {pos_name}: expected shape {[p.grid * p.grid, p.hidden]} from vision_config "
+                              f"image_size/patch_size, found {list(pos.shape)}")
+
+    def build_pos():
+        return expand_position_table(to_f32(pos.read(), pos.dtype), p.grid), "F32"
+
+    plan.tensors.append(PlannedTensor("v.position_embd.weight", (RUNTIME_GRID ** 2, p.hidden), [pos], build_pos))
+    for il in range(p.n_layer):
+        for gname, hf, spec in EVERY_LAYER:
+            take(f"{TOWER}encoder.layers.{il}.{hf}", _shape(p, spec), f"v.blk.{il}.{gname}")
+    if p.has_vit_merger:
+        for gname, hf, spec in VIT_MERGER:
+            take(f"{TOWER}vit_merger.{hf}", _shape(p, spec), gname)
+    else:
+        plan.notes.append("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
+    if p.grid != RUNTIME_GRID:
+        exact = RUNTIME_GRID % p.grid == 0
+        plan.notes.append(f"mmproj: position table {p.grid}×{p.grid} expanded to the runtime's 70×70 bucket grid"
+                          + ("" if exact else " (bucket centres; not exact for every image size)"))
+    out = md.tensors.get(MERGER + "linear_2.weight")
+    if out is not None and out.shape[0] != p.text_hidden:
+        raise ConfigError(f"mmproj output width (merger linear_2 rows) must equal the text hidden size "
+                          f"{p.text_hidden}, found {out.shape[0]}")
+    return plan

@@ -1,0 +1,24 @@
+"""`ggufbridge inspect FILE.gguf`: role, architecture, hyperparameters, bytes per component, draft coupling."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ggufbridge.cli._common import user_errors
+
+
+@click.command("inspect")
+@click.argument("gguf_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def command(gguf_file: str, as_json: bool) -> None:
+    """Describe a GGUF file written for llama.cpp: a target, an mmproj or a DSpark/DFlash draft.
+
+    Reads only the header and tensor table, so it is quick on any file size.
+    """
+    from ggufbridge.inspect import format_report, inspect_gguf
+
+    report = inspect_gguf(gguf_file)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_report(report))

@@ -1,0 +1,70 @@
+"""`ggufbridge run`: one prompt, one answer, through llama-cli (no server)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+
+from ggufbridge.cli._common import user_errors
+from ggufbridge.errors import RuntimeNotFound, ServerError
+from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.session import prepare
+
+
+def assistant_text(transcript: str) -> str:
+    """The answer from llama-cli's -o transcript ("User:\\n...\\n\\nAssistant:\\n<answer>\\n\\n")."""
+    marker = "Assistant:\n"
+    i = transcript.rfind(marker)
+    if i < 0:
+        raise ServerError(f"llama-cli wrote no answer (transcript: {transcript[:200]!r})")
+    return transcript[i + len(marker):].removesuffix("\n").removesuffix("\n")
+
+
+@click.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("-p", "--prompt", required=True, help="The user message.")
+@click.option("--recipe", "recipe_name", default="cpu", show_default=True,
+              help="Packaged recipe or a path to a recipe .toml (decides -ngl, KV types, draft settings).")
+@click.option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
+@click.option("-n", "--n-predict", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--temp", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--ctx", type=click.IntRange(256), default=4096, show_default=True)
+@click.option("--image", type=click.Path(dir_okay=False), default=None,
+              help="Ask about this image (through the llama-cpp-python bindings with MiniCPM-V 4.7's canvas "
+                   "M-RoPE positions; no drafting on that path).")
+@click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
+              help="A llama.cpp build/bin directory to use instead of the cached build.")
+@click.option("--show-command", is_flag=True, help="Print the llama-cli command on stderr.")
+@user_errors
+def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, image, llama_bin, show_command):
+    """Answer PROMPT once with the chat template of the converted model and print the text."""
+    if image:
+        if draft:
+            raise ServerError("--draft is not available with --image: the image path decodes through the "
+                              "Python bindings, which have no speculative decoding")
+        from ggufbridge.vision import run_image
+
+        click.echo(run_image(out_dir, image, prompt, n_predict=n_predict, temp=temp, seed=seed, n_ctx=ctx))
+        return
+    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    if s.problems:
+        raise RuntimeNotFound(" | ".join(s.problems))
+    opts = sv.ServeOptions(draft=draft)
+    with tempfile.TemporaryDirectory(prefix="ggufbridge-run-") as tmp:
+        out_file, log = Path(tmp) / "transcript.txt", Path(tmp) / "llama-cli.log"
+        argv = sv.cli_argv(s.rt.tool("llama-cli"), s.recipe, s.plan, s.art, opts, prompt=prompt,
+                           n_predict=n_predict, temp=temp, seed=seed, out_file=out_file)
+        if show_command:
+            click.echo(f"command: {sv.printable(argv)}", err=True)
+        proc = sv.spawn(argv, env=s.rt.env(), log_path=log)
+        try:
+            code = proc.wait()
+        finally:
+            sv.stop(proc)
+        if code != 0 or not out_file.is_file():
+            raise ServerError(f"llama-cli failed (exit {code}); last log lines:\n{sv.log_tail(log)}")
+        # bytes, not read_text: universal newlines would turn a generated "\r" into "\n"
+        click.echo(assistant_text(out_file.read_bytes().decode("utf-8", errors="replace")))

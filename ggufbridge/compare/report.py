@@ -1,0 +1,153 @@
+"""Reports of a `Comparison`: JSON, a Markdown table in the EXL3 model cards' shape, and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ggufbridge.compare.metrics import FIGURES
+
+# column header -> summary key, in the cards' order
+COLUMNS = {
+    "KL mean": "kl_mean",
+    "KL median": "kl_median",
+    "KL p95": "kl_p95",
+    "KL p99": "kl_p99",
+    "KL max": "kl_max",
+    "KL rev mean": "kl_rev_mean",
+    "Top-1": "top1",
+    "Top-5 overlap": "top5_overlap",
+    "PPL ratio": "ppl_ratio",
+}
+PERCENT = {"top1", "top5_overlap"}
+
+
+def to_json(cmp) -> dict:
+    """Overall figures of the first candidate at top level (plus per_kind, worst_row, without_worst), every
+    candidate under "results", and the floor beside them."""
+    results = []
+    for r in cmp.results:
+        results.append({"label": r.label, "candidate": r.spec, "bits_per_weight": r.bits_per_weight,
+                        "file_bytes": r.file_bytes, **r.summary})
+    first = results[0]
+    return {
+        **{k: first[k] for k in (*FIGURES, "n_rows", "n_tokens")},
+        "per_kind": first["per_kind"],
+        "worst_row": first["worst_row"],
+        "without_worst": first["without_worst"],
+        "candidate": first["candidate"],
+        "reference": cmp.reference,
+        "eval": cmp.eval_source,
+        "ctx": cmp.ctx,
+        "floor": cmp.floor,
+        "floor_note": cmp.floor_note,
+        "results": results,
+    }
+
+
+def write_json(cmp, path) -> None:
+    Path(path).write_text(json.dumps(_finite(to_json(cmp)), indent=2, allow_nan=False) + "\n")
+
+
+def _finite(o):
+    """JSON has no inf/NaN: such figures (e.g. KL when a candidate gives a token probability 0) become null."""
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
+def _fmt(key: str, v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if key in PERCENT:
+        return f"{100 * v:.2f}%"
+    if key == "ppl_ratio":
+        return f"{v:.4f}"
+    return f"{v:.4g}" if v >= 1e-3 or v == 0 else f"{v:.3e}"
+
+
+def _row(name: str, bpw, s: dict) -> str:
+    bits = f"{bpw:.2f}" if bpw is not None else "–"
+    return "| " + " | ".join([name, bits, *(_fmt(k, s.get(k)) for k in COLUMNS.values())]) + " |"
+
+
+def _header(first: str) -> list[str]:
+    cols = [first, "bpw", *COLUMNS]
+    return ["| " + " | ".join(cols) + " |", "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|"]
+
+
+def to_markdown(cmp) -> str:
+    lines = [
+        f"Reference: `{cmp.reference}` · eval: `{cmp.eval_source}` · {cmp.n_rows} rows × ≤{cmp.ctx} tokens = "
+        f"{cmp.n_tokens} tokens",
+        "",
+        *_header("Model"),
+    ]
+    for r in cmp.results:
+        lines.append(_row(r.label, r.bits_per_weight, r.summary))
+    if cmp.floor is not None:
+        lines.append(_row("BF16 vs FP32 (numerics floor)", 16.0, cmp.floor))
+    lines += ["", f"Numerics floor: {cmp.floor_note}."]
+    for r in cmp.results:
+        s = r.summary
+        if len(s["per_kind"]) > 1:
+            lines += ["", f"Per kind, {r.label}:", "", *_header("Kind")]
+            lines += [_row(f"{k} ({v['n_rows']} rows)", None, v) for k, v in s["per_kind"].items()]
+        w = s["worst_row"]
+        lines += ["", f"Worst row of {r.label}: row {w['row']} ({w['kind']}), KL mean {_fmt('kl_mean', w['kl_mean'])}, "
+                      f"max {_fmt('kl_max', w['kl_max'])}, top-1 {_fmt('top1', w['top1'])}, {w['n_tokens']} tokens."]
+        if s["without_worst"] is not None:
+            lines += ["", *_header("Without the worst row"), _row(r.label, r.bits_per_weight, s["without_worst"])]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(cmp, path) -> None:
+    Path(path).write_text(to_markdown(cmp), encoding="utf-8")
+
+
+def write_plot(cmp, path) -> None:
+    """KL distribution per kind (one panel per candidate); with several candidates, KL mean against bpw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    several = len(cmp.results) > 1
+    n_panels = len(cmp.results) + (1 if several else 0)
+    fig, axes = plt.subplots(1, n_panels, figsize=(5.5 * n_panels, 4), squeeze=False)
+    for ax, r in zip(axes[0], cmp.results):
+        for kind, kl in r.kl_by_kind.items():
+            kl = np.maximum(kl, 1e-12)  # log axis
+            bins = np.logspace(np.log10(kl.min()), np.log10(kl.max()) + 1e-9, 40)
+            ax.hist(kl, bins=bins, histtype="step", label=f"{kind} ({kl.size})")
+        if cmp.floor is not None:
+            ax.axvline(cmp.floor["kl_mean"], color="grey", ls="--", label="BF16 floor (mean)")
+        ax.set_xscale("log")
+        ax.set_xlabel("KL(reference → candidate) per token")
+        ax.set_ylabel("tokens")
+        ax.set_title(r.label, fontsize=9)
+        ax.legend(fontsize=7)
+    if several:
+        ax = axes[0][-1]
+        pts = [(r.bits_per_weight, r.summary["kl_mean"], r.label) for r in cmp.results if r.bits_per_weight]
+        pts.sort()
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-")
+            for x, y, name in pts:
+                ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        if cmp.floor is not None:
+            ax.axhline(cmp.floor["kl_mean"], color="grey", ls="--", label="BF16 vs FP32 floor")
+            ax.legend(fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xlabel("bits per weight")
+        ax.set_ylabel("KL mean")
+        ax.set_title("KL against size", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,223 @@
+"""Drivers: feed eval rows through a reference and candidates chunk by chunk, or dump a model's top-K logits.
+
+Candidates are opened one at a time (several quantisations of a large model rarely fit memory together); the
+reference stays open and is re-read for each candidate (a `logits:` reference makes that cheap). Within a row,
+the reference and the candidate advance in lockstep over position chunks, so each holds at most one chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ggufbridge.compare import evalset
+from ggufbridge.compare.evalset import Row
+from ggufbridge.compare.metrics import Accumulator, topk_form
+from ggufbridge.compare.sources import LogitsSource, Source, open_source, parse_spec, require_device_for
+from ggufbridge.errors import GGUFBridgeError, LogitsMismatch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CTX = 1024
+DEFAULT_TOP_K = 256
+DEFAULT_SAMPLES = 64
+# Elements of one logits chunk [positions, vocab]: ~16M (64 MB float32, 128 MB as float64 while computing KL).
+CHUNK_ELEMENTS = 1 << 24
+# Tokenizers must agree on this text too, so that id-only eval sets are still checked.
+PROBE_TEXT = ("Hello, world! The quick brown fox jumps over the lazy dog. 12345 日本語 中文 한국어 😀\n"
+              "<|im_start|>user\nHi<|im_end|>\n")
+
+
+def default_chunk(vocab_size: int, ctx: int) -> int:
+    return max(1, min(ctx, CHUNK_ELEMENTS // max(1, vocab_size)))
+
+
+@dataclass
+class Result:
+    """One candidate's comparison: `summary` holds the JSON figures, `kl_by_kind` the per-position KL."""
+
+    label: str
+    spec: str
+    summary: dict
+    kl_by_kind: dict[str, np.ndarray]
+    bits_per_weight: float | None = None
+    file_bytes: int | None = None
+
+
+@dataclass
+class Comparison:
+    reference: str
+    results: list[Result]
+    floor: dict | None = None  # BF16-vs-FP32 summary, when measured
+    floor_note: str = ""
+    n_rows: int = 0
+    n_tokens: int = 0
+    ctx: int = DEFAULT_CTX
+    eval_source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _tokenizer_of(sources: list[Source]):
+    for s in sources:
+        if s.tokenize("a") is not None:
+            return s
+    return None
+
+
+def check_compatible(a: Source, b: Source, rows: list[Row], text: str | None = None) -> None:
+    """Refuse sources that do not share a vocabulary size and (where both have one) a tokenizer."""
+    if a.vocab_size != b.vocab_size:
+        raise LogitsMismatch(f"vocabulary mismatch: {a.spec} has {a.vocab_size} entries, {b.spec} has "
+                             f"{b.vocab_size}")
+    if a.tokenize("a") is None or b.tokenize("a") is None:
+        return
+    probes = [("probe text", PROBE_TEXT)] + [(f"row {i}", r.text) for i, r in enumerate(rows) if r.text]
+    if text is not None:
+        probes.append(("--text file", text))
+    for what, t in probes:
+        ta, tb = a.tokenize(t), b.tokenize(t)
+        if ta != tb:
+            k = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+            raise LogitsMismatch(f"tokenizer mismatch on the {what}: {a.spec} and {b.spec} differ at token {k} "
+                                 f"({ta[k:k + 3]} vs {tb[k:k + 3]}; {len(ta)} vs {len(tb)} tokens)")
+
+
+def _compare_one(ref: Source, cand: Source, rows: list[Row], chunk: int, progress: bool, desc: str) -> Accumulator:
+    acc = Accumulator()
+    with tqdm(total=sum(len(r.ids) for r in rows), unit="tok", disable=not progress, desc=desc, leave=False) as bar:
+        for i, row in enumerate(rows):
+            labels = row.labels
+            pos = 0
+            for rc, cc in zip(ref.chunks(i, row, chunk), cand.chunks(i, row, chunk), strict=True):
+                if rc.n != cc.n:
+                    raise LogitsMismatch(f"row {i}: reference gave {rc.n} positions, candidate {cc.n}")
+                acc.add(i, row.kind, rc, cc, labels[pos:pos + cc.n])
+                pos += cc.n
+                bar.update(cc.n)
+            if pos != len(row.ids):
+                raise LogitsMismatch(f"row {i}: {pos} positions compared, row has {len(row.ids)}")
+    return acc
+
+
+def _label(spec: str) -> str:
+    return parse_spec(spec)[1].name
+
+
+def _read_rows(sources, eval_path, text_path, ctx):
+    tok_src = _tokenizer_of(sources)
+    tokenize = tok_src.tokenize if tok_src is not None else None
+    rows = evalset.load_rows(eval_path=eval_path, text_path=text_path, ctx=ctx, tokenize=tokenize)
+    text = Path(text_path).read_text(encoding="utf-8") if text_path is not None else None
+    return rows, text
+
+
+def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
+            chunk: int | None = None, floor: bool | None = None, hf_dtype: str = "float32",
+            progress: bool = False) -> Comparison:
+    """Compare each candidate GGUF against the reference on an eval set."""
+    if not candidates:
+        raise GGUFBridgeError("no candidate GGUF given")
+    for spec in (reference, *candidates):
+        require_device_for(spec)
+    cand_kinds = [parse_spec(c)[0] for c in candidates]
+    if any(k != "gguf" for k in cand_kinds):
+        raise GGUFBridgeError(f"candidates must be GGUF files, found {candidates}")
+    ref_kind, ref_path = parse_spec(reference)
+    with contextlib.ExitStack() as stack:
+        ref = stack.enter_context(open_source(reference, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype))
+        chunk = chunk or default_chunk(ref.vocab_size, ctx)
+        # rows are tokenised by the reference's tokenizer, else by the first candidate's
+        first = stack.enter_context(open_source(candidates[0], n_ctx=ctx, chunk=chunk))
+        rows, text = _read_rows([ref, first], eval_path, text_path, ctx)
+        first.close()
+        evalset.check_ids_fit(rows, ref.vocab_size, ref.spec)
+        if isinstance(ref, LogitsSource):
+            ref.check_rows(rows)
+        results = []
+        for spec in candidates:
+            with open_source(spec, n_ctx=ctx, chunk=chunk) as cand:
+                check_compatible(ref, cand, rows, text)
+                acc = _compare_one(ref, cand, rows, chunk, progress, _label(spec))
+                results.append(Result(_label(spec), spec, acc.summary(), acc.kl_by_kind(), cand.bits_per_weight,
+                                      Path(parse_spec(spec)[1]).stat().st_size))
+        floor_summary, floor_note = None, ""
+        if ref_kind == "hf" and floor is not False:
+            with open_source(f"hf:{ref_path}", n_ctx=ctx, chunk=chunk, hf_dtype="bfloat16") as bf16:
+                ref32 = ref if hf_dtype == "float32" else stack.enter_context(HFfloat32(ref_path))
+                floor_summary = _compare_one(ref32, bf16, rows, chunk, progress, "floor").summary()
+                floor_note = "transformers BF16 vs FP32 on the same rows"
+        elif isinstance(ref, LogitsSource) and ref.meta.get("floor") is not None:
+            floor_summary = ref.meta["floor"]
+            floor_note = f"from the dump ({ref.meta.get('floor_note', 'BF16 vs FP32')})"
+        elif floor:
+            raise GGUFBridgeError("--floor needs an hf: reference (or a logits: dump that carries one)")
+        else:
+            floor_note = "not measured (needs an hf: reference or a dump made from one)"
+    return Comparison(reference=reference, results=results, floor=floor_summary, floor_note=floor_note,
+                      n_rows=len(rows), n_tokens=sum(len(r.ids) for r in rows), ctx=ctx,
+                      eval_source=str(eval_path or text_path))
+
+
+def HFfloat32(path):
+    from ggufbridge.compare.sources import HFSource
+
+    return HFSource(path, "float32")
+
+
+def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
+                top_k: int = DEFAULT_TOP_K, samples: int = DEFAULT_SAMPLES, chunk: int | None = None, floor: bool | None = None,
+                hf_dtype: str = "float32", progress: bool = False) -> dict:
+    """Write the top-K form of `model` on an eval set to `out` (see ggufbridge.compare.dump); returns its metadata."""
+    from ggufbridge.compare.dump import DumpWriter
+
+    kind, path = parse_spec(model)
+    if kind == "logits":
+        raise GGUFBridgeError("dump-logits needs a model (hf:, gguf: or exl3:), not a logits: file")
+    if samples < 0:
+        raise GGUFBridgeError(f"--samples must be >= 0, found {samples}")
+    if top_k < 5:
+        raise GGUFBridgeError(f"--top-k must be at least 5 (top-5 overlap needs it), found {top_k}")
+    require_device_for(model)
+    with open_source(model, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype) as src:
+        chunk = chunk or default_chunk(src.vocab_size, ctx)
+        rows, _ = _read_rows([src], eval_path, text_path, ctx)
+        evalset.check_ids_fit(rows, src.vocab_size, src.spec)
+        top_k = min(top_k, src.vocab_size)
+        meta = {
+            "source": model + ("" if hf_dtype == "float32" or kind != "hf" else f" ({hf_dtype})"),
+            "vocab_size": src.vocab_size,
+            "top_k": top_k,
+            "samples": samples,
+            "ctx": ctx,
+            "row_sha256": [r.sha256 for r in rows],
+            "set_sha256": evalset.set_hash(rows),
+            "kinds": [r.kind for r in rows],
+            "bits_per_weight": src.bits_per_weight,
+        }
+        floor_summary = None
+        if kind == "hf" and floor is not False:
+            with open_source(f"hf:{path}", n_ctx=ctx, chunk=chunk, hf_dtype="bfloat16") as bf16:
+                ref32 = src if hf_dtype == "float32" else HFfloat32(path)
+                floor_summary = _compare_one(ref32, bf16, rows, chunk, progress, "floor").summary()
+            meta["floor"] = floor_summary
+            meta["floor_note"] = "transformers BF16 vs FP32, measured at dump time"
+        elif floor:
+            raise GGUFBridgeError("--floor needs an hf: model")
+        with DumpWriter(out, row_lengths=[len(r.ids) for r in rows], top_k=top_k, samples=samples,
+                        meta=meta) as w, \
+                tqdm(total=sum(len(r.ids) for r in rows), unit="tok", disable=not progress, desc="dump",
+                     leave=False) as bar:
+            for i, row in enumerate(rows):
+                labels = row.labels
+                pos = 0
+                rng = np.random.default_rng(int(row.sha256[:16], 16))  # reproducible per row
+                for c in src.chunks(i, row, chunk):
+                    w.add(topk_form(c.logits, top_k, labels[pos:pos + c.n], samples, rng))
+                    pos += c.n
+                    bar.update(c.n)
+    return meta

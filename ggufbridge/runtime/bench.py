@@ -1,0 +1,229 @@
+"""Target-only vs drafted decoding through a real llama-server, per prompt length.
+
+Each mode gets its own server (same settings, same context); every request is greedy, ignores EOS, does not
+reuse the prompt cache, and sends the prompt as token ids so its length is exact. Speeds and draft counts
+are the server's own (`timings` of the final streamed chunk; `/metrics` counters cross-check acceptance);
+time to first token is measured by the client from request start to the first streamed token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ggufbridge.errors import GGUFBridgeError, ServerError
+from ggufbridge.runtime import server as sv
+
+# filler for synthetic prompts: plain prose, tokenised by the server itself, repeated as needed
+_FILLER = ("The river wound through the valley, past orchards and stone bridges, while the old miller counted "
+           "sacks of grain and told stories about the winter when the water froze solid. ")
+
+
+def parse_lengths(text: str) -> list[int]:
+    """"512,1k,2k" -> [512, 1024, 2048] (k = 1024, as the published measurements use)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        m = re.fullmatch(r"(\d+)(k?)", part)
+        if not m or int(m.group(1)) == 0:
+            raise GGUFBridgeError(f"--prompt-lengths: expected positive integers or NNk, found {part!r}")
+        out.append(int(m.group(1)) * (1024 if m.group(2) else 1))
+    if len(set(out)) != len(out):
+        raise GGUFBridgeError(f"--prompt-lengths: duplicate lengths in {text!r}")
+    return sorted(out)
+
+
+@dataclass
+class Sample:
+    mode: str  # "target" | "draft"
+    prompt_tokens: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    ttft_s: float
+    predicted: int
+    draft_n: int | None
+    draft_accepted: int | None
+    text: str = field(repr=False)  # the streamed text; the stream's per-chunk token lists are incomplete
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.draft_accepted / self.draft_n if self.draft_n else None
+
+
+def prompt_ids(url: str, n: int, api_key: str | None = None) -> list[int]:
+    text = _FILLER
+    while True:
+        status, body = sv.http_json(url + "/tokenize", {"content": text, "add_special": False}, api_key)
+        if status != 200 or not isinstance(body, dict):
+            raise ServerError(f"/tokenize failed with HTTP {status}: {str(body)[:200]}")
+        ids = body["tokens"]
+        if len(ids) >= n:
+            return ids[:n]
+        text *= 2
+
+
+def complete_stream(url: str, ids: list[int], n_predict: int, api_key: str | None = None,
+                    timeout: float = 3600.0) -> tuple[float, str, dict]:
+    """(seconds to the first token, generated text, final timings) for one greedy streamed completion.
+
+    The text, not the chunks' "tokens" lists, is what is compared between modes: when the server holds back
+    an incomplete UTF-8 sequence it sends several tokens in one chunk but lists only the last one there.
+    """
+    body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "stream": True,
+            "cache_prompt": False, "ignore_eos": True, "return_tokens": True, "seed": 0}
+    req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    t0 = time.perf_counter()
+    ttft, text, timings = None, "", None
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for raw in r:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("tokens") or chunk.get("content"):
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                text += chunk.get("content") or ""
+            if chunk.get("stop"):
+                timings = chunk.get("timings")
+                break
+    if timings is None:
+        raise ServerError("the server's stream ended without timings")
+    return (ttft if ttft is not None else time.perf_counter() - t0), text, timings
+
+
+def metrics(url: str, api_key: str | None = None) -> dict[str, float]:
+    status, text = sv.http_json(url + "/metrics", api_key=api_key)
+    if status != 200 or not isinstance(text, str):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^llamacpp:(\w+)\s+([-+0-9.eE]+|nan|inf)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: dict, lengths: list[int],
+             n_predict: int, repeats: int, timeout: float) -> tuple[list[Sample], dict]:
+    samples = []
+    with sv.Server(argv, host, port, log, env=env) as srv:
+        srv.wait_ready(timeout)
+        url = srv.url
+        complete_stream(url, prompt_ids(url, 8), 4)  # warm-up: first-call allocations out of the measurement
+        before = metrics(url)
+        for n in lengths:
+            ids = prompt_ids(url, n)
+            for _ in range(repeats):
+                ttft, text, t = complete_stream(url, ids, n_predict)
+                samples.append(Sample(
+                    mode=mode, prompt_tokens=n, prefill_tok_s=t["prompt_per_second"],
+                    decode_tok_s=t["predicted_per_second"], ttft_s=ttft, predicted=t["predicted_n"],
+                    draft_n=t.get("draft_n"), draft_accepted=t.get("draft_n_accepted"), text=text))
+        after = metrics(url)
+    counters = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in
+                ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+                 "spec_decode_num_drafts_total", "tokens_predicted_total")}
+    return samples, counters
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(samples: list[Sample], lengths: list[int]) -> list[dict]:
+    rows = []
+    for n in lengths:
+        row = {"prompt_tokens": n}
+        for mode in ("target", "draft"):
+            ss = [s for s in samples if s.mode == mode and s.prompt_tokens == n]
+            if not ss:
+                continue
+            row[mode] = {"prefill_tok_s": _mean([s.prefill_tok_s for s in ss]),
+                         "decode_tok_s": _mean([s.decode_tok_s for s in ss]),
+                         "ttft_s": _mean([s.ttft_s for s in ss]),
+                         "draft_n": sum(s.draft_n or 0 for s in ss) if mode == "draft" else None,
+                         "draft_accepted": sum(s.draft_accepted or 0 for s in ss) if mode == "draft" else None}
+            if mode == "draft":
+                d = row[mode]
+                d["acceptance"] = d["draft_accepted"] / d["draft_n"] if d["draft_n"] else None
+        tgt = [s.text for s in samples if s.mode == "target" and s.prompt_tokens == n]
+        drf = [s.text for s in samples if s.mode == "draft" and s.prompt_tokens == n]
+        if tgt and drf:
+            row["greedy_identical"] = all(t == tgt[0] for t in tgt + drf)
+        rows.append(row)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    has_draft = any("draft" in r for r in result["rows"])
+    head = "| prompt tokens | target prefill tok/s | target decode tok/s | target TTFT s |"
+    sep = "|---:|---:|---:|---:|"
+    if has_draft:
+        head += " draft prefill tok/s | draft decode tok/s | draft TTFT s | acceptance | decode speed-up | greedy identical |"
+        sep += "---:|---:|---:|---:|---:|:---:|"
+    lines = [f"# ggufbridge bench: {result['model']}", "",
+             f"runtime: `{result['runtime']['bin']}` commit `{result['runtime']['commit']}`; recipe "
+             f"`{result['recipe']}`; context {result['ctx']}; {result['n_predict']} generated tokens per request; "
+             f"{result['repeats']} repeat(s)", "", head, sep]
+    for r in result["rows"]:
+        t = r["target"]
+        cells = [f"{r['prompt_tokens']}", f"{t['prefill_tok_s']:.1f}", f"{t['decode_tok_s']:.1f}", f"{t['ttft_s']:.3f}"]
+        if has_draft and "draft" in r:
+            d = r["draft"]
+            acc = f"{d['acceptance']:.1%}" if d["acceptance"] is not None else "n/a"
+            cells += [f"{d['prefill_tok_s']:.1f}", f"{d['decode_tok_s']:.1f}", f"{d['ttft_s']:.3f}", acc,
+                      f"{d['decode_tok_s'] / t['decode_tok_s']:.2f}x", "yes" if r.get("greedy_identical") else "NO"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Commands:", ""] + [f"- {m}: `{c}`" for m, c in result["commands"].items()]
+    if "draft_counters" in result:
+        c = result["draft_counters"]
+        lines += ["", f"Server /metrics over the drafted run: {int(c['spec_decode_num_draft_tokens_total'])} drafted, "
+                      f"{int(c['spec_decode_num_accepted_tokens_total'])} accepted in "
+                      f"{int(c['spec_decode_num_drafts_total'])} verification steps."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = [r["prompt_tokens"] for r in result["rows"]]
+    for mode, style in (("target", "o-"), ("draft", "s--")):
+        if all(mode in r for r in result["rows"]):
+            a1.plot(xs, [r[mode]["decode_tok_s"] for r in result["rows"]], style, label=mode)
+            a2.plot(xs, [r[mode]["prefill_tok_s"] for r in result["rows"]], style, label=mode)
+    for ax, title in ((a1, "decode tok/s"), (a2, "prefill tok/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt tokens")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{result['model']} ({result['recipe']}, commit {result['runtime']['commit']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(result: dict, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "bench.json", "markdown": out_dir / "bench.md", "plot": out_dir / "bench.png"}
+    paths["json"].write_text(json.dumps(result, indent=2) + "\n")
+    paths["markdown"].write_text(markdown(result))
+    plot(result, paths["plot"])
+    return paths
+
+
+def sample_dicts(samples: list[Sample]) -> list[dict]:
+    return [asdict(s) | {"acceptance": s.acceptance} for s in samples]

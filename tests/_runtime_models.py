@@ -1,0 +1,29 @@
+"""Converted tiny models for the serve / run / bench tests, built once per session.
+
+Everything comes from the real pipeline: the synthetic MiniCPM-V 4.7 checkpoint fixture (small vocabulary),
+the synthetic DSpark drafter fixture for it, and `ggufbridge.convert.convert`, which writes the target, the
+mmproj and (when asked) the draft GGUF plus manifest.json. The drafter's weights are random: drafting must
+never change greedy output whatever the draft proposes, so it is a fair probe of the serving path, not a
+fidelity test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_CACHE: dict = {}
+
+
+def converted(make_ckpt, tmp_path_factory, *, with_draft: bool = True, spec: str = "tiny") -> Path:
+    """OUT_DIR of `convert` for the fixture `spec` (F32 target, small vocabulary), with a draft when asked."""
+    key = (spec, with_draft)
+    if key not in _CACHE:
+        from ggufbridge.convert import convert
+        from ggufbridge.fixtures.dspark import make_dspark
+
+        ckpt = make_ckpt(spec, vocab="small")
+        root = tmp_path_factory.mktemp(f"served-{spec}-{'draft' if with_draft else 'plain'}")
+        draft = make_dspark(root / "dspark-ckpt", ckpt, "tiny") if with_draft else None
+        convert(ckpt, root / "out", outtype="f32", draft=draft, progress=False)
+        _CACHE[key] = root / "out"
+    return _CACHE[key]

@@ -1,0 +1,81 @@
+"""The planner's figures against what the pinned runtime itself reports allocating for the same files.
+
+The target carries the real model's per-layer recurrent shapes (16 key / 32 value heads of 128, conv kernel 4)
+and full-attention shapes (2 KV heads of 256) on a tiny hidden size, so the runtime's own buffer sizes
+(printed by libllama at load) are directly comparable with the planner's arithmetic.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ggufbridge.runtime import locate as loc
+from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.recipes import load_recipe
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _shape_gguf import write_dspark, write_qwen35moe  # noqa: E402
+
+MIB = 1024**2
+SIZE_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
+RS_RE = re.compile(r"llama_memory_recurrent: size =.*?(\d+) seqs\s+(\d+) rs_seq\), R \(f32\):\s*([\d.]+) MiB, "
+                   r"S \(f32\):\s*([\d.]+) MiB")
+MODEL_BUF_RE = re.compile(r"CPU_Mapped model buffer size =\s*([\d.]+) MiB")
+
+
+@pytest.mark.slow
+def test_planner_matches_runtime_allocations(tmp_path):
+    rt = loc.locate()
+    target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    write_qwen35moe(target, n_embd=64, layer_types="LLLF", n_head=4, n_head_kv=2, head_dim=256, n_rot=64,
+                    d_state=128, n_group=16, n_v_heads=32, d_conv=4)
+    write_dspark(draft, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=32, block_size=4,
+                 target_layers=(1, 2), tokenizer_from=target)
+    recipe_file = tmp_path / "r.toml"
+    recipe_file.write_text('base = "cpu"\nname = "probe"\n[server]\nctx = 8000\nparallel = 2\n'
+                           '[draft]\nn_max = 3\nctx_cap = 8000\n')
+    recipe = load_recipe(str(recipe_file))
+    tshape, dshape = pl.target_from_gguf(target), pl.draft_from_gguf(draft)
+    plan = pl.make_plan(tshape, recipe, ctx=8000, draft=dshape)
+    f = plan.figures
+
+    port = sv.free_port()
+    argv = [str(rt.tool("llama-server")), "-m", str(target), "-md", str(draft), "--spec-type", "draft-dspark",
+            "--spec-draft-n-max", "3", "-c", "8000", "-np", "2", "--fit", "off", "-v",
+            "--host", "127.0.0.1", "--port", str(port)]
+    log = tmp_path / "server.log"
+    with sv.Server(argv, "127.0.0.1", port, log, env=rt.env()) as srv:
+        srv.wait_ready(120)
+    text = log.read_text(errors="replace")
+
+    rs = RS_RE.findall(text)
+    assert rs, "no recurrent-state line in the server log"
+    seqs, rs_seq, r_mib, s_mib = rs[0]
+    assert (int(seqs), int(rs_seq)) == (2, 3)  # 2 slots, 3 rollback snapshots (= --spec-draft-n-max)
+    snapshots = int(seqs) * (1 + int(rs_seq))
+    assert f["slots"] * f["state_snapshots"] == snapshots
+    n_rec = len(tshape.recurrent_layers)
+    # conv state: the runtime's R buffer is F32, i.e. 4 bytes per element (not 2)
+    r_bytes = n_rec * tshape.conv_state_elems() * 4 * snapshots
+    s_bytes = n_rec * tshape.delta_state_elems() * 4 * snapshots
+    assert abs(float(r_mib) - r_bytes / MIB) < 0.006
+    assert abs(float(r_mib) - r_bytes / 2 / MIB) > 0.5  # the 2-byte reading of the issue's formula is refuted
+    assert abs(float(s_mib) - s_bytes / MIB) < 0.006
+    assert f["state_total"] == r_bytes + s_bytes
+
+    kv = SIZE_RE.findall(text)
+    # first the target's cache, then the draft's (the draft context has n_rs_seq = 0, logged just before)
+    tgt_mib, draft_mib = float(kv[0][0]), float(kv[-1][0])
+    assert f["kv_cells"] == 8192  # -c 8000 padded to 256 (llama-context.cpp:290)
+    assert abs(tgt_mib - f["kv_total"] / MIB) < 0.006
+    assert abs(draft_mib - f["draft_kv_total"] / MIB) < 0.006
+    assert f["kv_per_token"] == 1 * 2 * 2 * 256 * 2
+
+    bufs = [float(m) for m in MODEL_BUF_RE.findall(text)]
+    assert bufs, "no model buffer line"
+    assert abs(bufs[0] - tshape.weight_bytes / MIB) < 0.02
