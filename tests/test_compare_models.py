@@ -91,6 +91,22 @@ def _rows(ckpt, eval_path):
     return out
 
 
+def _near_ties(ckpt, eval_path, gap):
+    """Per row: positions whose reference top-2 logits differ by less than `gap` (transformers' full forward)."""
+    import torch
+
+    from ggufbridge.fixtures.checkpoint import load_reference
+
+    model = load_reference(ckpt)
+    out = []
+    for ids, kind in _rows(ckpt, eval_path):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+        top2 = -np.sort(-logits, axis=1)[:, :2]
+        out.append((top2[:, 0] - top2[:, 1] < gap, kind))
+    return out
+
+
 @pytest.fixture(scope="module")
 def q8_json(ggufs, small_ckpt, eval_file, tmp_path_factory):
     d = tmp_path_factory.mktemp("q8")
@@ -105,7 +121,15 @@ def test_f32_gguf_matches_hf(ggufs, small_ckpt, eval_file, tmp_path):
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["kl_mean"] < 1e-5
     assert r["kl_max"] < 1e-4
-    assert r["top1"] == 1.0 and r["top5_overlap"] == 1.0
+    # top-1 is 1.0 except where the reference's two best logits are closer than float noise between the two
+    # implementations (~1e-3 here): there both answers are right. Such near-ties must be rare.
+    ties = _near_ties(small_ckpt, eval_file, gap=2e-3)
+    n_tie = sum(int(t.sum()) for t, _ in ties)
+    assert n_tie <= r["n_tokens"] // 50
+    assert round(r["top1"] * r["n_tokens"]) >= r["n_tokens"] - n_tie
+    clean = {k for k in r["per_kind"] if not any(t.any() for t, kk in ties if kk == k)}
+    assert clean and all(r["per_kind"][k]["top1"] == 1.0 for k in clean)
+    assert r["top5_overlap"] >= 1.0 - n_tie / r["n_tokens"]
     assert r["ppl_ratio"] == pytest.approx(1.0, abs=1e-4)
     assert r["n_rows"] == 5
     assert set(r["per_kind"]) == {"random", "prose", "code", "default"}
