@@ -67,3 +67,11 @@ class VisionInputError(GGUFBridgeError):
 
 class VisionModelError(GGUFBridgeError):
     """The mmproj and the text model do not fit together, or the vision runtime rejected an input."""
+
+
+class QuantError(GGUFBridgeError):
+    """A quantisation request is invalid (type, recipe, imatrix) or llama.cpp's quantiser failed."""
+
+
+class VerifyError(GGUFBridgeError):
+    """An output folder does not match its manifest or its source checkpoint."""

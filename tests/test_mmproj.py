@@ -148,7 +148,7 @@ def test_runtime_rejects_mmproj_of_another_width(conv, tmp_path):
     ("tiny4x", None, (112, 112)),  # 4x, 14×14 ViT grid expanded to 70×70
     ("tiny", None, (250, 130)),  # 16x, thumbnail + 1×2 slices
     ("tiny", None, (130, 250)),  # 16x, thumbnail + 2×1 slices
-    ("tiny", "4x", (300, 150)),  # --downsample 4x on a 16x checkpoint, sliced
+    ("tiny", "4x", (230, 170)),  # --downsample 4x on a 16x checkpoint, 2×2 slices
 ])
 def test_embeddings_match_transformers(conv, make_ckpt, spec, downsample, size):
     from ggufbridge.fixtures.checkpoint import load_reference

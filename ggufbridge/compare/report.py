@@ -39,6 +39,8 @@ def to_json(cmp) -> dict:
         "candidate": first["candidate"],
         "reference": cmp.reference,
         "eval": cmp.eval_source,
+        "eval_sha256": cmp.eval_sha256,
+        "reference_id": cmp.reference_id,
         "ctx": cmp.ctx,
         "floor": cmp.floor,
         "floor_note": cmp.floor_note,
@@ -93,12 +95,15 @@ def to_markdown(cmp) -> str:
     if cmp.floor is not None:
         lines.append(_row("BF16 vs FP32 (numerics floor)", 16.0, cmp.floor))
     lines += ["", f"Numerics floor: {cmp.floor_note}."]
+    lines += [f"Note: {n}." for n in cmp.notes]
     for r in cmp.results:
         s = r.summary
-        if len(s["per_kind"]) > 1:
+        if len(s.get("per_kind") or {}) > 1:
             lines += ["", f"Per kind, {r.label}:", "", *_header("Kind")]
             lines += [_row(f"{k} ({v['n_rows']} rows)", None, v) for k, v in s["per_kind"].items()]
-        w = s["worst_row"]
+        w = s.get("worst_row")
+        if w is None:
+            continue
         lines += ["", f"Worst row of {r.label}: row {w['row']} ({w['kind']}), KL mean {_fmt('kl_mean', w['kl_mean'])}, "
                       f"max {_fmt('kl_max', w['kl_max'])}, top-1 {_fmt('top1', w['top1'])}, {w['n_tokens']} tokens."]
         if s["without_worst"] is not None:
@@ -119,9 +124,10 @@ def write_plot(cmp, path) -> None:
     import numpy as np
 
     several = len(cmp.results) > 1
-    n_panels = len(cmp.results) + (1 if several else 0)
+    with_kl = [r for r in cmp.results if r.kl_by_kind]  # merged results carry no per-position KL
+    n_panels = len(with_kl) + (1 if several else 0)
     fig, axes = plt.subplots(1, n_panels, figsize=(5.5 * n_panels, 4), squeeze=False)
-    for ax, r in zip(axes[0], cmp.results):
+    for ax, r in zip(axes[0], with_kl):
         for kind, kl in r.kl_by_kind.items():
             kl = np.maximum(kl, 1e-12)  # log axis
             bins = np.logspace(np.log10(kl.min()), np.log10(kl.max()) + 1e-9, 40)

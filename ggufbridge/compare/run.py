@@ -33,6 +33,17 @@ PROBE_TEXT = ("Hello, world! The quick brown fox jumps over the lazy dog. 12345 
               "<|im_start|>user\nHi<|im_end|>\n")
 
 
+# Candidates need full-vocabulary logits: GGUF files first of all, EXL3 packs / checkpoints for like-for-like tables.
+CANDIDATE_KINDS = ("gguf", "exl3", "hf")
+
+
+def _size_bytes(spec: str) -> int:
+    path = parse_spec(spec)[1]
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    return path.stat().st_size
+
+
 def default_chunk(vocab_size: int, ctx: int) -> int:
     return max(1, min(ctx, CHUNK_ELEMENTS // max(1, vocab_size)))
 
@@ -59,6 +70,8 @@ class Comparison:
     n_tokens: int = 0
     ctx: int = DEFAULT_CTX
     eval_source: str = ""
+    eval_sha256: str = ""
+    reference_id: str = ""
     notes: list[str] = field(default_factory=list)
 
 
@@ -119,14 +132,15 @@ def _read_rows(sources, eval_path, text_path, ctx):
 def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
             chunk: int | None = None, floor: bool | None = None, hf_dtype: str = "float32",
             progress: bool = False) -> Comparison:
-    """Compare each candidate GGUF against the reference on an eval set."""
+    """Compare each candidate (GGUF files; also exl3:/hf: models) against the reference on an eval set."""
     if not candidates:
-        raise GGUFBridgeError("no candidate GGUF given")
+        raise GGUFBridgeError("no candidate model given")
     for spec in (reference, *candidates):
         require_device_for(spec)
-    cand_kinds = [parse_spec(c)[0] for c in candidates]
-    if any(k != "gguf" for k in cand_kinds):
-        raise GGUFBridgeError(f"candidates must be GGUF files, found {candidates}")
+    bad = [c for c in candidates if parse_spec(c)[0] not in CANDIDATE_KINDS]
+    if bad:
+        raise GGUFBridgeError(f"candidates must be models ({', '.join(k + ':' for k in CANDIDATE_KINDS)}), "
+                              f"found {bad}")
     ref_kind, ref_path = parse_spec(reference)
     with contextlib.ExitStack() as stack:
         ref = stack.enter_context(open_source(reference, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype))
@@ -144,7 +158,7 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
                 check_compatible(ref, cand, rows, text)
                 acc = _compare_one(ref, cand, rows, chunk, progress, _label(spec))
                 results.append(Result(_label(spec), spec, acc.summary(), acc.kl_by_kind(), cand.bits_per_weight,
-                                      Path(parse_spec(spec)[1]).stat().st_size))
+                                      _size_bytes(spec)))
         floor_summary, floor_note = None, ""
         if ref_kind == "hf" and floor is not False:
             with open_source(f"hf:{ref_path}", n_ctx=ctx, chunk=chunk, hf_dtype="bfloat16") as bf16:
@@ -160,7 +174,45 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
             floor_note = "not measured (needs an hf: reference or a dump made from one)"
     return Comparison(reference=reference, results=results, floor=floor_summary, floor_note=floor_note,
                       n_rows=len(rows), n_tokens=sum(len(r.ids) for r in rows), ctx=ctx,
-                      eval_source=str(eval_path or text_path))
+                      eval_source=str(eval_path or text_path), eval_sha256=evalset.set_hash(rows),
+                      reference_id=fingerprint(reference))
+
+
+def fingerprint(spec: str) -> str:
+    """Identity of a reference that survives copying between machines: sha256 over a file's size and its first
+    and last MiB, or over a folder's file names and sizes plus its config.json."""
+    import hashlib
+
+    kind, path = parse_spec(spec)
+    h = hashlib.sha256(kind.encode())
+    if path.is_dir():
+        for f in sorted(path.iterdir()):
+            if f.is_file() and (f.suffix == ".safetensors" or f.name == "config.json"):
+                h.update(f"{f.name}:{f.stat().st_size};".encode())
+        if (path / "config.json").is_file():
+            h.update((path / "config.json").read_bytes())
+    else:
+        size = path.stat().st_size
+        h.update(str(size).encode())
+        with open(path, "rb") as f:
+            h.update(f.read(1 << 20))
+            f.seek(max(0, size - (1 << 20)))
+            h.update(f.read(1 << 20))
+    return h.hexdigest()
+
+
+def merge(cmp: Comparison, other: dict, source: str) -> None:
+    """Append the results of an earlier `compare --json` (e.g. EXL3 packs measured on a GPU machine) made on the
+    same eval set against the same reference; they lack per-position KL, so plots show them in the bpw panel."""
+    for key, mine in (("eval_sha256", cmp.eval_sha256), ("reference_id", cmp.reference_id)):
+        if other.get(key) != mine:
+            raise LogitsMismatch(f"{source}: {key} {str(other.get(key))[:12]} differs from this run's {mine[:12]} "
+                                 "(results made on another eval set or against another reference)")
+    for r in other.get("results", []):
+        summary = {k: v for k, v in r.items() if k not in ("label", "candidate", "bits_per_weight", "file_bytes")}
+        cmp.results.append(Result(r["label"], r["candidate"], summary, {}, r.get("bits_per_weight"),
+                                  r.get("file_bytes")))
+    cmp.notes.append(f"merged {len(other.get('results', []))} result(s) from {source}")
 
 
 def HFfloat32(path):
