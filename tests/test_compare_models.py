@@ -315,3 +315,40 @@ def test_exl3_without_cuda_says_so(ggufs, eval_file, tmp_path):
             "--no-progress", match="needs a CUDA GPU")
     refused("dump-logits", "--model", f"exl3:{tmp_path}", "--eval", eval_file, "-o", tmp_path / "x.safetensors",
             match="needs a CUDA GPU")
+
+
+def test_merge_results_of_an_earlier_run(q8_json, ggufs, small_ckpt, eval_file, tmp_path):
+    """Results measured elsewhere (e.g. EXL3 on a GPU) join the table only for the same eval set and reference."""
+    dump = tmp_path / "ref.safetensors"
+    ok("dump-logits", "--model", f"gguf:{ggufs['f32']}", "--eval", eval_file, "--ctx", CTX, "-o", dump,
+       "--no-progress")
+    ok("compare", ggufs["q8_0"], "--reference", f"logits:{dump}", "--eval", eval_file, "--ctx", CTX,
+       "--no-progress", "--json", tmp_path / "a.json")
+    out = ok("compare", ggufs["f32"], "--reference", f"logits:{dump}", "--eval", eval_file, "--ctx", CTX,
+             "--no-progress", "--merge", tmp_path / "a.json", "--json", tmp_path / "b.json",
+             "--plot", tmp_path / "b.png")
+    a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    assert [r["label"] for r in b["results"]] == [ggufs["f32"].name, ggufs["q8_0"].name]
+    assert b["results"][1]["kl_mean"] == a["kl_mean"]
+    assert "merged 1 result(s)" in out
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"ids": [1, 2, 3, 4]}\n')
+    refused("compare", ggufs["f32"], "--reference", f"gguf:{ggufs['f32']}", "--eval", other, "--ctx", CTX,
+            "--no-progress", "--merge", tmp_path / "a.json", match="eval_sha256")
+
+
+def test_rows_out_carries_text_rows_to_another_run(ggufs, small_ckpt, tmp_path):
+    """dump-logits --text --rows-out: the written ids are the rows the dump was made on (hashes match)."""
+    from transformers import AutoTokenizer
+
+    text = tmp_path / "prose.txt"
+    text.write_text(PROSE * 4)
+    dump, rows = tmp_path / "d.safetensors", tmp_path / "rows.jsonl"
+    ok("dump-logits", "--model", f"hf:{small_ckpt}", "--text", text, "--ctx", 40, "-o", dump, "--rows-out", rows,
+       "--no-floor", "--no-progress")
+    ids = [i for line in rows.read_text().splitlines() for i in json.loads(line)["ids"]]
+    tok = AutoTokenizer.from_pretrained(str(small_ckpt))(text.read_text(), add_special_tokens=False)["input_ids"]
+    assert ids == tok[: len(ids)] and len(tok) - len(ids) <= 1
+    ok("compare", ggufs["f32"], "--reference", f"logits:{dump}", "--eval", rows, "--ctx", 40, "--no-progress",
+       "--json", tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["kl_mean"] < 1e-5

@@ -16,14 +16,16 @@ from ggufbridge.cli.compare import check_eval_choice, eval_options
               help="Log-probabilities kept per position (plus the log-mass of the rest).")
 @click.option("--samples", type=click.IntRange(min=0), default=64, show_default=True,
               help="Tokens drawn per position from the rest of the distribution (0: top-K only, KL a lower bound).")
+@click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the eval rows as token ids (JSONL), for --eval on another machine.")
 @user_errors
-def command(model, eval_path, text_path, ctx, chunk, hf_dtype, floor, progress, out, top_k, samples):
+def command(model, eval_path, text_path, ctx, chunk, hf_dtype, floor, progress, out, top_k, samples, rows_out):
     """Store a model's top-K log-probabilities on an eval set, for `compare --reference logits:FILE` elsewhere."""
     from ggufbridge.compare.run import dump_logits
 
     check_eval_choice(eval_path, text_path)
     meta = dump_logits(model, out, eval_path=eval_path, text_path=text_path, ctx=ctx, top_k=top_k, samples=samples, chunk=chunk,
-                       floor=floor, hf_dtype=hf_dtype, progress=progress)
+                       floor=floor, hf_dtype=hf_dtype, progress=progress, rows_out=rows_out)
     click.echo(f"{out}: {len(meta['row_sha256'])} rows, top-{meta['top_k']} + {meta['samples']} samples of "
                f"{meta['vocab_size']}, "
                f"set sha256 {meta['set_sha256'][:16]}" + (", with BF16 floor" if meta.get("floor") else ""))

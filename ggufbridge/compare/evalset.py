@@ -126,3 +126,10 @@ def check_ids_fit(rows: list[Row], vocab_size: int, who: str) -> None:
         top = max(r.ids)
         if top >= vocab_size:
             raise EvalDataError(f"row {i}: token id {top} is outside {who}'s vocabulary of {vocab_size}")
+
+
+def write_rows(rows: list[Row], path) -> None:
+    """The rows as `{"ids": [...], "kind": ...}` JSONL: another machine then evaluates exactly these token ids."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps({"ids": list(r.ids), "kind": r.kind}) + "\n")

@@ -2,7 +2,9 @@
 
 Stock exllamav3 (1.6.5) does not register `MiniCPMV4_7ForConditionalGeneration`. Its text tower is Qwen3.5-MoE
 with the same tensor names (`model.language_model.*`, `lm_head`) as exllamav3's Qwen3.5-MoE model, whose config
-class reads the text hyper-parameters at the top level of config.json (architecture `Qwen3_5MoeForCausalLM`).
+class reads the text hyper-parameters at the top level of config.json (architecture `Qwen3_5MoeForCausalLM`,
+exllamav3/architecture/qwen3_5.py: `Qwen3_5MoeConfig` passes no text_config prefix; `Config.__init__` in
+exllamav3/model/config.py assigns the parsed json to `self.config_dict` and checks architectures[0]).
 Measured on an H200: exllamav3 1.6.5 quantises and runs the 4.7 text tower when only config.json changes that way.
 
 Two ways to get there, both without touching the installed package's files:
@@ -117,9 +119,11 @@ def install_shim(architectures: dict | None = None) -> str:
         def config_dict(self, value):
             # Config.__init__ assigns the raw json here, then checks architectures[0] against arch_string and
             # reads every field through read_cfg: lift text_config but keep the 4.7 architecture name.
-            lifted = text_only_config(value)
-            lifted["architectures"] = list(value.get("architectures") or [ARCH])
-            self._shim_config_dict = lifted
+            if isinstance(value, dict) and isinstance(value.get("text_config"), dict):
+                lifted = text_only_config(value)
+                lifted["architectures"] = list(value.get("architectures") or [ARCH])
+                value = lifted
+            self._shim_config_dict = value
 
     architectures[ARCH] = {
         "architecture": ARCH,

@@ -135,21 +135,25 @@ def write_plot(cmp, path) -> None:
         if cmp.floor is not None:
             ax.axvline(cmp.floor["kl_mean"], color="grey", ls="--", label="BF16 floor (mean)")
         ax.set_xscale("log")
-        ax.set_xlabel("KL(reference → candidate) per token")
+        ax.set_xlabel("KL(reference → candidate) per token (< 1e-12 shown at 1e-12)")
         ax.set_ylabel("tokens")
         ax.set_title(r.label, fontsize=9)
         ax.legend(fontsize=7)
     if several:
         ax = axes[0][-1]
-        pts = [(r.bits_per_weight, r.summary["kl_mean"], r.label) for r in cmp.results if r.bits_per_weight]
-        pts.sort()
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-")
+        families: dict[str, list] = {}  # one line per backend: GGUF files, EXL3 packs, ...
+        for r in cmp.results:
+            if r.bits_per_weight and r.summary.get("kl_mean") is not None:
+                fam = r.spec.partition(":")[0] if ":" in r.spec else "gguf"
+                families.setdefault(fam.upper(), []).append((r.bits_per_weight, r.summary["kl_mean"], r.label))
+        for fam, pts in sorted(families.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=fam)
             for x, y, name in pts:
                 ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         if cmp.floor is not None:
             ax.axhline(cmp.floor["kl_mean"], color="grey", ls="--", label="BF16 vs FP32 floor")
-            ax.legend(fontsize=7)
+        ax.legend(fontsize=7)
         ax.set_yscale("log")
         ax.set_xlabel("bits per weight")
         ax.set_ylabel("KL mean")

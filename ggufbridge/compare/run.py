@@ -223,7 +223,7 @@ def HFfloat32(path):
 
 def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
                 top_k: int = DEFAULT_TOP_K, samples: int = DEFAULT_SAMPLES, chunk: int | None = None, floor: bool | None = None,
-                hf_dtype: str = "float32", progress: bool = False) -> dict:
+                hf_dtype: str = "float32", progress: bool = False, rows_out=None) -> dict:
     """Write the top-K form of `model` on an eval set to `out` (see ggufbridge.compare.dump); returns its metadata."""
     from ggufbridge.compare.dump import DumpWriter
 
@@ -239,6 +239,8 @@ def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = D
         chunk = chunk or default_chunk(src.vocab_size, ctx)
         rows, _ = _read_rows([src], eval_path, text_path, ctx)
         evalset.check_ids_fit(rows, src.vocab_size, src.spec)
+        if rows_out is not None:
+            evalset.write_rows(rows, rows_out)
         top_k = min(top_k, src.vocab_size)
         meta = {
             "source": model + ("" if hf_dtype == "float32" or kind != "hf" else f" ({hf_dtype})"),

@@ -1,0 +1,106 @@
+"""Quantisation recipes: TOML files mapping each tensor class (ggufbridge.quant.classes) to a tensor type.
+
+Packaged recipes live in ggufbridge/recipes/quant/NAME.toml; a user may pass a path to their own file, optionally
+starting from a packaged one with `base = "hq4"` and overriding some `[types]` entries.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ggufbridge.errors import QuantError
+from ggufbridge.quant import types as qt
+from ggufbridge.quant.classes import BY_NAME, CLASSES
+
+KEPT_TYPE = "F32"  # what the converter writes for every class llama.cpp never quantises
+TOP_KEYS = {"description", "file_type", "types", "base"}
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    name: str
+    description: str
+    file_type: str  # llama-quantize type argument (→ general.file_type); all tensor types are explicit
+    types: dict[str, str]  # class name → tensor type, for every class
+    source: str  # "packaged" or the user's file
+
+    def type_of(self, cls: str) -> str:
+        return self.types[cls]
+
+
+def _dir():
+    return resources.files("ggufbridge").joinpath("recipes", "quant")
+
+
+def packaged_names() -> list[str]:
+    return sorted(p.name[:-5] for p in _dir().iterdir() if p.name.endswith(".toml"))
+
+
+def _read(name_or_path: str) -> tuple[dict, str, str]:
+    path = Path(name_or_path)
+    if name_or_path.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise QuantError(f"quantisation recipe file {path} does not exist")
+        text, source, name = path.read_text(), str(path), path.stem
+    else:
+        res = _dir().joinpath(f"{name_or_path}.toml")
+        if not res.is_file():
+            raise QuantError(f"unknown quantisation recipe {name_or_path!r}: expected one of "
+                             f"{', '.join(packaged_names())} or a path to a .toml file")
+        text, source, name = res.read_text(), "packaged", name_or_path
+    try:
+        return tomllib.loads(text), source, name
+    except tomllib.TOMLDecodeError as e:
+        raise QuantError(f"quantisation recipe {name_or_path}: not valid TOML ({e})") from None
+
+
+def load_quant_recipe(name_or_path: str) -> QuantRecipe:
+    raw, source, name = _read(name_or_path)
+    if "base" in raw:
+        base = raw["base"]
+        if source == "packaged" or not isinstance(base, str) or base not in packaged_names():
+            raise QuantError(f"recipe {name}: base must name a packaged recipe ({', '.join(packaged_names())}), "
+                             f"found {base!r}")
+        braw = _read(base)[0]
+        raw = {**braw, **{k: v for k, v in raw.items() if k != "types"},
+               "types": {**braw.get("types", {}), **raw.get("types", {})}}
+    return validate(raw, name, source)
+
+
+def validate(raw: dict, name: str, source: str = "packaged") -> QuantRecipe:
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise QuantError(f"recipe {name}: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(sorted(TOP_KEYS))}")
+    table = raw.get("types")
+    if not isinstance(table, dict):
+        raise QuantError(f"recipe {name}: [types] must be a table of class = type, found {table!r}")
+    bad = sorted(set(table) - set(BY_NAME))
+    if bad:
+        raise QuantError(f"recipe {name}: unknown tensor class(es) {', '.join(bad)}; expected some of "
+                         f"{', '.join(BY_NAME)}")
+    types = {}
+    for c in CLASSES:
+        where = f"recipe {name}: types.{c.name}"
+        if c.kept:
+            t = qt.tensor_type(str(table.get(c.name, KEPT_TYPE)), where)
+            if t != KEPT_TYPE:
+                raise QuantError(f"{where}: llama.cpp never quantises this class ({c.label}); expected "
+                                 f"{KEPT_TYPE}, found {t}")
+        else:
+            if c.name not in table:
+                raise QuantError(f"{where}: missing (every quantised class needs a type)")
+            t = qt.tensor_type(str(table[c.name]), where)
+        types[c.name] = t
+    ft = qt.file_type(str(raw.get("file_type", "")) or "?") if raw.get("file_type") else None
+    if ft is None:
+        raise QuantError(f"recipe {name}: file_type (a llama-quantize type such as Q4_K_M) is required")
+    if qt.FILE_TYPES[ft][0] in ("F32", "F16", "BF16"):
+        # the quantiser applies per-tensor types only on top of a quantised default
+        raise QuantError(f"recipe {name}: file_type must be a quantised type, found {ft}")
+    desc = raw.get("description", "")
+    if not isinstance(desc, str):
+        raise QuantError(f"recipe {name}: description must be a string, found {desc!r}")
+    return QuantRecipe(name=name, description=desc, file_type=ft, types=types, source=source)

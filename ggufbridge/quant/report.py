@@ -1,0 +1,93 @@
+"""The per-file "what is quantised and what is not" table: per tensor class, the tensor count, the stored type(s),
+bits per weight, bytes and share of the file — read from the GGUF header alone."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ggufbridge.inspect import GGUFHeader, read_header
+from ggufbridge.quant.classes import CLASSES, OTHER, classify
+
+# metadata keys ggufbridge's quantiser writes into its results
+KEY_RECIPE = "ggufbridge.quant.recipe"
+KEY_TYPE = "ggufbridge.quant.type"
+KEY_FALLBACKS = "ggufbridge.quant.fallbacks"
+
+
+@dataclass
+class ClassRow:
+    cls: str
+    label: str
+    count: int
+    types: dict[str, int]  # stored type → tensor count
+    params: int
+    bytes: int
+    bpw: float
+    share: float  # of the file's bytes
+
+    @property
+    def types_text(self) -> str:
+        return ", ".join(t if n == self.count else f"{t} ×{n}" for t, n in sorted(self.types.items()))
+
+
+@dataclass
+class QuantReport:
+    path: str
+    file_bytes: int
+    recipe: str | None
+    quant_type: str | None
+    fallbacks: list[str]
+    rows: list[ClassRow]
+    bpw: float  # all tensors
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for r, row in zip(d["rows"], self.rows):
+            r["types_text"] = row.types_text
+        return d
+
+
+def quant_report(source: str | GGUFHeader) -> QuantReport:
+    h = source if isinstance(source, GGUFHeader) else read_header(source)
+    acc: dict[str, ClassRow] = {}
+    for t in h.tensors:
+        c = classify(t.name)
+        row = acc.setdefault(c.name, ClassRow(c.name, c.label, 0, {}, 0, 0, 0.0, 0.0))
+        n = 1
+        for d in t.shape:
+            n *= d
+        row.count += 1
+        row.types[t.type] = row.types.get(t.type, 0) + 1
+        row.params += n
+        row.bytes += t.nbytes
+    order = [c.name for c in CLASSES] + [OTHER.name]
+    rows = [acc[k] for k in order if k in acc]
+    for r in rows:
+        r.bpw = 8 * r.bytes / r.params if r.params else 0.0
+        r.share = r.bytes / h.file_bytes if h.file_bytes else 0.0
+    total_params = sum(r.params for r in rows)
+    fb = h.kv.get(KEY_FALLBACKS)
+    return QuantReport(
+        path=str(h.path), file_bytes=h.file_bytes,
+        recipe=h.kv.get(KEY_RECIPE) if isinstance(h.kv.get(KEY_RECIPE), str) else None,
+        quant_type=h.kv.get(KEY_TYPE) if isinstance(h.kv.get(KEY_TYPE), str) else None,
+        fallbacks=[s for s in fb.split(";") if s] if isinstance(fb, str) else [],
+        rows=rows, bpw=8 * sum(r.bytes for r in rows) / total_params if total_params else 0.0)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def format_quant_report(r: QuantReport) -> str:
+    how = f"recipe {r.recipe}" if r.recipe else (f"llama-quantize {r.quant_type}" if r.quant_type else "as stored")
+    lines = [f"what is quantised and what is not ({how}; {r.bpw:.2f} bits per weight overall)",
+             f"  {'class':<40} {'count':>5}  {'stored as':<22} {'bpw':>6} {'bytes':>12} {'share':>7}"]
+    for row in r.rows:
+        lines.append(f"  {row.label:<40} {row.count:>5}  {row.types_text:<22} {row.bpw:>6.2f} "
+                     f"{_size(row.bytes):>12} {100 * row.share:>6.2f}%")
+    lines += [f"  fallback: {f}" for f in r.fallbacks]
+    return "\n".join(lines)
