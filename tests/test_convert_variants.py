@@ -143,7 +143,7 @@ def test_tensor_types_follow_the_f32_rules(make_ckpt, tmp_path):
     out = convert(make_ckpt("tiny", vocab="small"), tmp_path, outtype="f16", progress=False, mmproj=False).path("target")
     types = {n: t for n, (t, _) in _tensors(out).items()}
     for name, typ in types.items():
-        if any(k in name for k in ("norm", "ssm_a", "ssm_dt", "ssm_conv1d", "ffn_gate_inp")):
+        if name.endswith(("norm.weight", ".ssm_a", "ssm_dt.bias", "ssm_conv1d.weight", "ffn_gate_inp.weight")):
             assert typ == "F32", name
         elif name.endswith(("exps.weight", "attn_qkv.weight", "output.weight", "attn_q.weight")):
             assert typ == "F16", name

@@ -193,7 +193,7 @@ def _quiet_runtime_logs() -> None:
 
     @llama_cpp.llama_log_callback
     def _cb(level, text, user_data):
-        if level >= 3 and text:  # GGML_LOG_LEVEL_WARN, ERROR
+        if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
             log.error("llama.cpp: %s", text.decode("utf-8", errors="replace").rstrip())
 
     _LOG_CB = _cb

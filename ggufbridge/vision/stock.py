@@ -51,7 +51,7 @@ def stock_eval(session, text_before: str, image, text_after: str) -> tuple[list[
         session.reset()
         n_past = 0
         for i in range(n_chunks - 1):
-            new = lc.llama_pos(0)
+            new = lc.llama_pos(n_past)  # the helper adds to it for text chunks
             rc = mt.mtmd_helper_eval_chunk_single(session.mctx, session.llm.ctx, mt.mtmd_input_chunks_get(chunks, i),
                                                   n_past, 0, session.llm.n_batch, False, ctypes.byref(new))
             if rc != 0:

@@ -1,0 +1,97 @@
+"""Importance matrices with the runtime's `llama-imatrix`: per input channel of every matrix, the mean squared
+activation over a calibration text. llama-quantize weighs each weight's rounding error by it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggufbridge.errors import ManifestError, QuantError
+from ggufbridge.quant.quantize import _default_threads, _error_line
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+DEFAULT_NAME = "imatrix.gguf"
+
+
+@dataclass
+class ImatrixResult:
+    path: Path
+    model: Path
+    chunks: int | None
+    log: str
+
+
+def target_of(out_dir: str | os.PathLike) -> Path:
+    """The text model of a convert output folder (manifest role "target"), or the GGUF itself if given one."""
+    p = Path(out_dir)
+    if p.is_file() and p.suffix == ".gguf":
+        return p
+    man = p / MANIFEST
+    if not man.is_file():
+        raise ManifestError(f"{p}: no {MANIFEST} (expected a `ggufbridge convert` output folder or a .gguf file)")
+    try:
+        files = json.loads(man.read_text())["files"]
+        entry = next(f for f in files if f.get("role") == "target")
+    except (ValueError, KeyError, TypeError):
+        raise ManifestError(f"{man}: malformed (expected files[] with a role 'target' entry)") from None
+    except StopIteration:
+        raise ManifestError(f"{man}: names no target file") from None
+    path = p / entry["path"]
+    if not path.is_file():
+        raise ManifestError(f"{man} names {entry['path']}, which is missing")
+    return path
+
+
+def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None = None,
+                    threads: int | None = None, runtime=None) -> ImatrixResult:
+    """Run llama-imatrix over `text` (a UTF-8 file) with the unquantised target `model` (GGUF, or a convert
+    output folder); write the matrix (GGUF format) to `out` (default: beside the model, imatrix.gguf)."""
+    model = target_of(model)
+    text = Path(text)
+    if not text.is_file():
+        raise QuantError(f"calibration text {text} does not exist")
+    if text.stat().st_size == 0:
+        raise QuantError(f"calibration text {text} is empty")
+    if ctx < 8:
+        raise QuantError(f"--ctx must be at least 8 tokens, found {ctx}")
+    if chunks is not None and chunks < 1:
+        raise QuantError(f"--chunks must be at least 1, found {chunks}")
+    out = Path(out) if out is not None else model.parent / DEFAULT_NAME
+    if runtime is None:
+        from ggufbridge.runtime.locate import locate
+
+        runtime = locate()
+    exe = runtime.tool("llama-imatrix")
+    # -b = ctx: one sequence per batch, so a short calibration text still yields whole chunks
+    argv = [str(exe), "-m", str(model), "-f", str(text), "-o", str(out), "-c", str(ctx), "-b", str(ctx),
+            "-t", str(threads or _default_threads()), "--no-ppl"]
+    if chunks is not None:
+        argv += ["--chunks", str(chunks)]
+    tmp_out = out.with_name(f".{out.name}.{os.getpid()}.part")
+    argv[argv.index(str(out))] = str(tmp_out)
+    log.info("computing an importance matrix for %s over %s", model.name, text.name)
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, env=runtime.env(), stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise QuantError(f"cannot run {exe}: {e}") from None
+    outtext = (p.stdout or "") + (p.stderr or "")
+    if p.returncode != 0 or not tmp_out.is_file():
+        tmp_out.unlink(missing_ok=True)
+        hint = _error_line(outtext)
+        if "tokens" in outtext and "need" in outtext.lower():
+            hint += f" (the text is too short for --ctx {ctx}: use a longer text or a smaller --ctx)"
+        raise QuantError(f"llama-imatrix failed (exit {p.returncode}): {hint}")
+    os.replace(tmp_out, out)
+    n = None
+    for line in outtext.splitlines():
+        if "computing over" in line and "chunks" in line:
+            try:
+                n = int(line.split("computing over", 1)[1].split()[0])
+            except (ValueError, IndexError):
+                pass
+    return ImatrixResult(out, model, n, outtext)
