@@ -200,6 +200,7 @@ class Report:
     tensor_bytes: int
     components: list[dict] = field(default_factory=list)  # {"component", "count", "bytes"} in table order
     types: dict[str, int] = field(default_factory=dict)  # GGML type → tensor count
+    quantisation: dict | None = None  # target only: ggufbridge.quant.report's per-class table
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -291,7 +292,14 @@ def inspect_gguf(path: str | Path) -> Report:
         coupling=_coupling(kv, by_name) if role == "draft" else None,
         tensor_count=len(h.tensors), tensor_bytes=sum(t.nbytes for t in h.tensors),
         components=components, types=dict(sorted(types.items())),
+        quantisation=_quantisation(h) if role == "target" else None,
     )
+
+
+def _quantisation(h: GGUFHeader) -> dict:
+    from ggufbridge.quant.report import quant_report
+
+    return quant_report(h).to_dict()
 
 
 def file_type_name(ft: int) -> str:
@@ -342,4 +350,8 @@ def format_report(r: Report) -> str:
     for c in r.components:
         lines.append(f"  {c['component']:<34} {c['count']:>6}  {_size(c['bytes']):>12}")
     lines.append("types         " + ", ".join(f"{k} × {v}" for k, v in r.types.items()))
+    if r.quantisation:
+        from ggufbridge.quant.report import format_quant_dict
+
+        lines.append(format_quant_dict(r.quantisation))
     return "\n".join(lines)

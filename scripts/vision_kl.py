@@ -7,6 +7,7 @@ usage: python scripts/vision_kl.py CKPT_DIR CONVERT_OUT_DIR [WIDTHxHEIGHT] [--do
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -26,13 +27,15 @@ def measure(ckpt, out_dir, size=(250, 130), downsample=None, question="Describe 
     model, mmproj = resolve_files(out_dir)
     img = random_image(*size, seed=seed)
     ref = load_reference(ckpt)
-    before = "<|im_start|>user\n<image_id>0</image_id>"
+    before = "<|im_start|>user\n"  # build_prompt adds `<image_id>0</image_id>` itself; the stock path needs it as text
     after = f"\n{question}<|im_end|>\n<|im_start|>assistant\n"
     with VisionSession(model, mmproj, n_ctx=2048) as s:
         crops, notes = s.prepare_image(img, strict=True)
         pr = s.build_prompt([before, crops, after])
         ours = s.eval_prompt(pr, logits_for=range(len(pr.ids)))
-        ids, stock, n_img = stock_eval(s, before, img, after)
+        flat = dataclasses.replace(pr, positions=np.tile(np.arange(len(pr.ids)), (3, 1)), next_pos=len(pr.ids))
+        ours_1d = s.eval_prompt(flat, logits_for=range(len(pr.ids)))
+        ids, stock, n_img = stock_eval(s, before + "<image_id>0</image_id>", img, after)
     same_layout = len(ids) == len(pr.ids) and all(a == b for a, b in zip(ids, pr.ids) if a >= 0)
     ref_logits = hf_logits(ref, pr, [crops], downsample)
     n_tail = stock.shape[0]
@@ -41,6 +44,7 @@ def measure(ckpt, out_dir, size=(250, 130), downsample=None, question="Describe 
     return {
         "tokens": len(pr.ids), "tail_tokens": n_tail, "same_layout": same_layout,
         "bindings_kl_mean_all": float(k_ours.mean()), "bindings_kl_mean_tail": float(k_ours[-n_tail:].mean()),
+        "bindings_1d_positions_kl_mean_tail": float(kl_rows(ref_logits, ours_1d)[-n_tail:].mean()),
         "stock_kl_mean_tail": float(k_stock.mean()), "stock_kl_max_tail": float(k_stock.max()),
         "bindings_top1_tail": float((ref_logits[-n_tail:].argmax(1) == ours[-n_tail:].argmax(1)).mean()),
         "stock_top1_tail": float((ref_logits[-n_tail:].argmax(1) == stock.argmax(1)).mean()) if same_layout else None,

@@ -17,6 +17,7 @@ from ggufbridge import __version__
 # command name -> module in ggufbridge.cli exporting `command` (a click.Command)
 COMMANDS = {
     "convert": "convert",
+    "demo": "demo",
     "doctor": "doctor",
     "inspect": "inspect",
     "serve": "serve",
@@ -25,6 +26,9 @@ COMMANDS = {
     "bench": "bench",
     "compare": "compare",
     "dump-logits": "dump_logits",
+    "quantize": "quantize",
+    "imatrix": "imatrix",
+    "verify": "verify",
 }
 
 

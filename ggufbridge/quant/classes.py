@@ -31,7 +31,7 @@ CLASSES: tuple[TensorClass, ...] = (
     TensorClass("shared_experts", r"\.ffn_(gate|up|down)_shexp\.weight$", False, "shared expert"),
     TensorClass("attention", r"\.attn_(q|k|v|output)\.weight$", False, "attention q/k/v/output"),
     TensorClass("gdn_in", r"\.(attn_qkv|attn_gate|ssm_alpha|ssm_beta)\.weight$", False,
-                "gated delta-net in-projections (qkv, z gate, alpha, beta)"),
+                "gated delta-net in (qkv, z, alpha, beta)"),
     TensorClass("ssm_out", r"\.ssm_out\.weight$", False, "gated delta-net out-projection"),
     TensorClass("ssm_params", r"\.(ssm_conv1d\.weight|ssm_a|ssm_dt\.bias)$", True, "SSM conv, A, dt bias"),
 )

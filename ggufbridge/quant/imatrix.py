@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,15 +76,21 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
     tmp_out = out.with_name(f".{out.name}.{os.getpid()}.part")
     argv[argv.index(str(out))] = str(tmp_out)
     log.info("computing an importance matrix for %s over %s", model.name, text.name)
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, env=runtime.env(), stdin=subprocess.DEVNULL)
-    except OSError as e:
-        raise QuantError(f"cannot run {exe}: {e}") from None
-    outtext = (p.stdout or "") + (p.stderr or "")
+    with tempfile.TemporaryDirectory(prefix="ggufbridge-imatrix-") as tmp:
+        # the tool's asynchronous logger may drop its last lines on a pipe when it exits early; its log file
+        # keeps them (that is where the reason for a failure is)
+        logfile = Path(tmp) / "imatrix.log"
+        try:
+            p = subprocess.run(argv + ["--log-file", str(logfile)], capture_output=True, text=True,
+                               env=runtime.env(), input="")
+        except OSError as e:
+            raise QuantError(f"cannot run {exe}: {e}") from None
+        outtext = logfile.read_text(errors="replace") if logfile.is_file() else ""
+        outtext = outtext or (p.stdout or "") + (p.stderr or "")
     if p.returncode != 0 or not tmp_out.is_file():
         tmp_out.unlink(missing_ok=True)
         hint = _error_line(outtext)
-        if "tokens" in outtext and "need" in outtext.lower():
+        if "you need at least" in outtext:
             hint += f" (the text is too short for --ctx {ctx}: use a longer text or a smaller --ctx)"
         raise QuantError(f"llama-imatrix failed (exit {p.returncode}): {hint}")
     os.replace(tmp_out, out)

@@ -155,7 +155,8 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
         argv += [str(src), str(dst), ftype, str(threads or _default_threads())]
         log.info("quantising %s → %s (%s)", src.name, dst.name, label)
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=runtime.env(), stdin=subprocess.DEVNULL)
+            p = subprocess.run(argv, capture_output=True, text=True, env=runtime.env(),
+                               input="")  # a pipe, not /dev/null: the tools log nothing with stdin on /dev/null
         except OSError as e:
             raise QuantError(f"cannot run {exe}: {e}") from None
     out = (p.stdout or "") + (p.stderr or "")
@@ -196,7 +197,11 @@ def _check_result(written: GGUFHeader, choices: list[TensorChoice], rec: QuantRe
 
 
 def _error_line(out: str) -> str:
+    """The tool's own error message(s): lines logged at level E, else the last line that says it failed."""
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    tagged = [re.sub(r"^[\d.]+ E ", "", ln) for ln in lines if re.match(r"^[\d.]+ E ", ln)]
+    if tagged:
+        return "; ".join(tagged[-2:])
     for ln in reversed(lines):
         low = ln.lower()
         if "error" in low or "failed" in low or "exception" in low or "what()" in low:

@@ -83,11 +83,17 @@ def _size(n: int) -> str:
 
 
 def format_quant_report(r: QuantReport) -> str:
-    how = f"recipe {r.recipe}" if r.recipe else (f"llama-quantize {r.quant_type}" if r.quant_type else "as stored")
-    lines = [f"what is quantised and what is not ({how}; {r.bpw:.2f} bits per weight overall)",
-             f"  {'class':<40} {'count':>5}  {'stored as':<22} {'bpw':>6} {'bytes':>12} {'share':>7}"]
-    for row in r.rows:
-        lines.append(f"  {row.label:<40} {row.count:>5}  {row.types_text:<22} {row.bpw:>6.2f} "
-                     f"{_size(row.bytes):>12} {100 * row.share:>6.2f}%")
-    lines += [f"  fallback: {f}" for f in r.fallbacks]
+    return format_quant_dict(r.to_dict())
+
+
+def format_quant_dict(d: dict) -> str:
+    """The table, from `QuantReport.to_dict()` (the form `ggufbridge inspect` carries)."""
+    how = (f"recipe {d['recipe']}" if d["recipe"] else
+           f"llama-quantize {d['quant_type']}" if d["quant_type"] else "as stored")
+    lines = [f"what is quantised and what is not ({how}; {d['bpw']:.2f} bits per weight overall)",
+             f"  {'class':<40} {'count':>5}  {'stored as':<24} {'bpw':>6} {'bytes':>11} {'share':>7}"]
+    for row in d["rows"]:
+        lines.append(f"  {row['label']:<40} {row['count']:>5}  {row['types_text']:<24} {row['bpw']:>6.2f} "
+                     f"{_size(row['bytes']):>11} {100 * row['share']:>6.2f}%")
+    lines += [f"  fallback: {f}" for f in d["fallbacks"]]
     return "\n".join(lines)

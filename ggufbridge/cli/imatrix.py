@@ -1,0 +1,27 @@
+"""`ggufbridge imatrix OUT_DIR --text FILE`: an importance matrix for the converted target, with llama-imatrix."""
+
+from __future__ import annotations
+
+import click
+
+from ggufbridge.cli._common import user_errors
+
+
+@click.command("imatrix")
+@click.argument("out_dir", type=click.Path())
+@click.option("--text", "text", required=True, type=click.Path(dir_okay=False),
+              help="Calibration text (UTF-8), ideally like what the model will see.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="Where to write the matrix [OUT_DIR/imatrix.gguf].")
+@click.option("--ctx", type=int, default=512, show_default=True, help="Tokens per chunk.")
+@click.option("--chunks", type=int, default=None, help="At most this many chunks of the text.")
+@click.option("--threads", type=int, default=None, help="CPU threads (default: up to 8).")
+@user_errors
+def command(out_dir, text, out, ctx, chunks, threads):
+    """Compute an importance matrix for OUT_DIR's target GGUF (a `ggufbridge convert` folder, or a .gguf) over a
+    calibration text; pass it to `ggufbridge quantize --imatrix`."""
+    from ggufbridge.quant.imatrix import compute_imatrix
+
+    res = compute_imatrix(out_dir, text, out, ctx=ctx, chunks=chunks, threads=threads)
+    click.echo(f"wrote {res.path} ({res.chunks if res.chunks is not None else '?'} chunks of {ctx} tokens "
+               f"through {res.model.name})")

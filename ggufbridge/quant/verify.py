@@ -1,0 +1,206 @@
+"""`verify(out_dir, source=...)`: is a convert output folder what it claims to be?
+
+1. Every file of manifest.json exists with the recorded size and sha256 (and nothing is left half-written).
+2. With the source checkpoint: the manifest's source hashes match it, and every tensor stored unquantised
+   (F32/F16/BF16) is byte-for-byte what the converter produces from that source now. The expected bytes come from
+   re-running the conversion plan (`ggufbridge.convert.plan_outputs`, the same `build()` and `encode()` the
+   writer uses), so no mapping is re-implemented here: a tensor copied or only permuted is compared with the source
+   bytes themselves, one with an arithmetic transform (norm +1, -exp(A_log)) with its recomputation.
+   Quantised tensors are not comparable bit-for-bit and are counted as such.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ggufbridge.errors import ManifestError
+
+MANIFEST = "manifest.json"
+COMPARABLE = {"F32", "F16", "BF16"}
+
+
+@dataclass
+class FileCheck:
+    role: str
+    path: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    out_dir: Path
+    files: list[FileCheck] = field(default_factory=list)
+    source_files: list[FileCheck] = field(default_factory=list)
+    exact: int = 0  # tensors equal to the source bytes (no transform, or permutation only)
+    recomputed: int = 0  # tensors equal to the converter's recomputation (arithmetic transform / type change)
+    quantised: int = 0  # not comparable bit-for-bit
+    mismatches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (all(f.ok for f in self.files) and all(f.ok for f in self.source_files) and not self.mismatches)
+
+    def format(self) -> str:
+        lines = [f"verify {self.out_dir}"]
+        lines += [f"  {'ok ' if f.ok else 'BAD'} {f.role:<7} {f.path}  {f.detail}" for f in self.files]
+        lines += [f"  {'ok ' if f.ok else 'BAD'} source  {f.path}  {f.detail}" for f in self.source_files]
+        if self.exact or self.recomputed or self.quantised or self.mismatches:
+            lines.append(f"  tensors: {self.exact} equal to the source bytes, {self.recomputed} equal to the "
+                         f"converter's recomputation, {self.quantised} quantised (not comparable), "
+                         f"{len(self.mismatches)} differ")
+        lines += [f"  DIFFERS {m}" for m in self.mismatches]
+        lines += [f"  note: {n}" for n in self.notes]
+        lines.append("OK" if self.ok else "FAILED")
+        return "\n".join(lines)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(out_dir: Path) -> dict:
+    man = out_dir / MANIFEST
+    if not man.is_file():
+        raise ManifestError(f"{out_dir}: no {MANIFEST} (expected a `ggufbridge convert` output folder)")
+    try:
+        data = json.loads(man.read_text())
+    except ValueError as e:
+        raise ManifestError(f"{man}: not valid JSON ({e})") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, dict) and {"role", "path", "bytes", "sha256"} <= set(f)
+                                              for f in files):
+        raise ManifestError(f"{man}: expected files[] entries with role, path, bytes and sha256")
+    return data
+
+
+def _check_files(out_dir: Path, manifest: dict, report: VerifyReport) -> None:
+    for f in manifest["files"]:
+        path = out_dir / f["path"]
+        if not path.is_file():
+            report.files.append(FileCheck(f["role"], f["path"], False, "missing"))
+            continue
+        size = path.stat().st_size
+        if size != f["bytes"]:
+            report.files.append(FileCheck(f["role"], f["path"], False, f"size {size}, manifest says {f['bytes']}"))
+            continue
+        digest = sha256_file(path)
+        ok = digest == f["sha256"]
+        report.files.append(FileCheck(f["role"], f["path"], ok, "sha256 matches" if ok else
+                                      f"sha256 {digest[:16]}…, manifest says {f['sha256'][:16]}…"))
+    leftovers = sorted(p.name for p in out_dir.iterdir() if p.name.endswith(".part"))
+    if leftovers:
+        report.notes.append(f"half-written temporary files present: {', '.join(leftovers)}")
+
+
+def _check_source_hashes(md_path: Path, manifest: dict, report: VerifyReport) -> None:
+    recorded = manifest.get("source") or {}
+    for name, digest in sorted(recorded.items()):
+        p = md_path / name
+        if not p.is_file():
+            report.source_files.append(FileCheck("source", name, False, "missing from the source folder"))
+            continue
+        got = sha256_file(p)
+        report.source_files.append(FileCheck("source", name, got == digest, "sha256 matches" if got == digest
+                                             else "differs from the file that was converted"))
+
+
+def _gguf_tensors(path: Path) -> dict[str, tuple[str, int, int]]:
+    """name → (type name, data offset, byte count)."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path), "r")
+    return {t.name: (t.tensor_type.name, int(t.data_offset), int(t.n_bytes)) for t in r.tensors}
+
+
+def _compare_plan(path: Path, plan, report: VerifyReport, role: str) -> None:
+    from gguf import GGMLQuantizationType
+
+    from ggufbridge.ggufio.writer import encode
+
+    stored = _gguf_tensors(path)
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    planned = {t.name for t in plan.tensors}
+    extra = sorted(set(stored) - planned)
+    if extra:
+        report.mismatches.append(f"{role}: {len(extra)} tensor(s) the source does not produce, e.g. {extra[0]}")
+    for t in plan.tensors:
+        if t.name not in stored:
+            report.mismatches.append(f"{role}: {t.name} is planned from the source but missing from {path.name}")
+            continue
+        tname, off, n = stored[t.name]
+        if tname not in COMPARABLE:
+            report.quantised += 1
+            continue
+        arr, tag = t.build()
+        want = np.ascontiguousarray(encode(arr, tag, GGMLQuantizationType[tname])).reshape(-1).view(np.uint8)
+        got = raw[off:off + n]
+        if want.size != n or not np.array_equal(want, got):
+            diff = "size differs" if want.size != n else f"{int(np.count_nonzero(want != got))} byte(s) differ"
+            report.mismatches.append(f"{role}: {t.name} ({tname}) is not what the source converts to ({diff})")
+        elif tag == tname and _same_values(t, arr):
+            report.exact += 1
+        else:
+            report.recomputed += 1
+    del raw
+
+
+def _fingerprint(a: np.ndarray) -> tuple[int, int, int]:
+    """Order-independent summary of a tensor's bit patterns: equal for an array and any permutation of it."""
+    bits = a.reshape(-1).view(f"u{a.dtype.itemsize}").astype(np.uint64)
+    return bits.size, int(bits.sum(dtype=np.uint64)), int((bits * bits).sum(dtype=np.uint64))
+
+
+def _same_values(t, built: np.ndarray) -> bool:
+    """Whether `built` holds exactly the source's stored values (a copy or a permutation, no arithmetic)."""
+    if any(s.dtype != t.sources[0].dtype for s in t.sources):
+        return False
+    parts = [s.read() for s in t.sources]
+    if any(p.dtype.itemsize != built.dtype.itemsize for p in parts):
+        return False
+    fps = [_fingerprint(p) for p in parts]
+    total = (sum(f[0] for f in fps), sum(f[1] for f in fps) % 2**64, sum(f[2] for f in fps) % 2**64)
+    return total == _fingerprint(built)
+
+
+def verify(out_dir, source=None, draft=None) -> VerifyReport:
+    """Check an output folder against its manifest and, given `source` (and `draft`), against the checkpoint."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise ManifestError(f"{out_dir}: not a folder")
+    manifest = read_manifest(out_dir)
+    report = VerifyReport(out_dir)
+    _check_files(out_dir, manifest, report)
+    if source is None:
+        report.notes.append("no --source given: tensors were not compared with the checkpoint")
+        return report
+
+    from ggufbridge.checkpoint.model_dir import ModelDir
+    from ggufbridge.convert import plan_outputs
+
+    md = ModelDir.open(source)
+    _check_source_hashes(md.path, manifest, report)
+    roles = {f["role"]: f for f in manifest["files"]}
+    # outtype only names files and sets general.file_type; every tensor's build() is independent of it
+    outputs = plan_outputs(md, outtype="f32", basename=None, draft=draft if "draft" in roles else None,
+                           mmproj="mmproj" in roles)
+    if "draft" in roles and draft is None:
+        report.notes.append("draft not compared with a checkpoint: pass its folder with --draft-source")
+    for o in outputs:
+        entry = roles.get(o.role)
+        if entry is None:
+            continue
+        path = out_dir / entry["path"]
+        if path.is_file():
+            _compare_plan(path, o.plan, report, o.role)
+    return report
