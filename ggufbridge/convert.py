@@ -156,13 +156,17 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
 
 def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = None, draft=None,
             draft_outtype: str = "f16", mmproj: bool = True, mmproj_outtype: str = "f16",
-            downsample: str | None = None, progress: bool = True) -> ConvertResult:
+            downsample: str | None = None, progress: bool = True, quant: str | None = None,
+            recipe: str | None = None, imatrix=None) -> ConvertResult:
+    from ggufbridge.quant import pipeline as qp  # quant=/recipe=: the target goes through llama-quantize
+
+    qlabel = qp.prepare(quant, recipe, imatrix, outtype) if quant is not None or recipe is not None else None
     md = ModelDir.open(model_dir)
     outputs = plan_outputs(md, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                            mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample)
     notes = [n for o in outputs for n in o.plan.notes]
-    for note in notes:
-        log.info(note)
+    for note in notes:  # notes are logged here only, once; sanity warnings at WARNING
+        (log.warning if "warning" in note else log.info)(note)
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -180,6 +184,12 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                       desc="convert", leave=False) as bar:
                 for o in outputs:
+                    if o.role == "target" and qlabel:
+                        w, _ = qp.write_quantized(o.plan, out / qp.quant_filename(o.filename, o.outtype, qlabel),
+                                                  o.outtype, quant=quant, recipe=recipe, imatrix=imatrix,
+                                                  progress=bar.update)
+                        written.append((o.role, w, qlabel))
+                        continue
                     w = write_gguf(o.plan, out / o.filename, o.outtype, progress=bar.update)
                     written.append((o.role, w, o.outtype))
             source = {s.name: h for s, h in zip(sources, src_hashes)}

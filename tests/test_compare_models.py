@@ -304,6 +304,12 @@ def test_bad_eval_sets_refused(ggufs, tmp_path):
             match="outside")
     refused("dump-logits", "--model", f"logits:{tmp_path / 'x.safetensors'}", "--eval", long, "-o",
             tmp_path / "y.safetensors", match="needs a model")
+    fine = tmp_path / "fine.jsonl"
+    fine.write_text('{"ids": [1, 2, 3]}\n')
+    refused("compare", ggufs["q8_0"], "--reference", ref, "--eval", fine, "--ctx", 8, "--floor", "--no-progress",
+            match="--floor needs an hf: reference")
+    refused("compare", ggufs["q8_0"], "--reference", ref, "--eval", fine, "--text", fine, "--no-progress",
+            match="exactly one of --eval")
 
 
 def test_exl3_without_cuda_says_so(ggufs, eval_file, tmp_path):

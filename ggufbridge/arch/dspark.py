@@ -12,7 +12,6 @@ src/models/dflash.cpp:620, 633, 706, 725-726, 760, 797 → ggml_rms_norm then gg
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,7 +23,6 @@ from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.checkpoint.safetensors import TensorRef
 from ggufbridge.errors import CheckpointError, ConfigError, PairingError, UnsupportedArchitecture
 
-log = logging.getLogger(__name__)
 
 ARCH = "dflash"
 ARCHITECTURES = ("Qwen3DSparkModel",)
@@ -281,7 +279,6 @@ def plan_draft(dmd: ModelDir, *, target: ModelDir, target_plan: ConversionPlan, 
 
     _add_metadata(plan, p, has_conf, target, target_plan, target_params)
     for warning in sanity_warnings(tensors, used, rank):
-        log.warning("draft sanity: %s", warning)
         plan.notes.append(f"draft sanity warning: {warning}")
     return plan
 

@@ -23,13 +23,19 @@ TYPES = click.Choice(sorted(OUTTYPES))
               help="Visual token compression of the mmproj (default: the checkpoint's).")
 @click.option("--name", "basename", default=None, help="Base name of the output files (default: MiniCPM-V-4_7).")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar (bytes).")
+@click.option("--quant", default=None, metavar="TYPE", help="Quantise the target with llama-quantize (Q4_K_M, ...), "
+              "starting from --outtype (bf16/f16/f32).")
+@click.option("--recipe", default=None, metavar="NAME|FILE.toml", help="Quantise the target with a recipe (hq4, hq3).")
+@click.option("--imatrix", default=None, type=click.Path(dir_okay=False), help="Importance matrix for --quant/--recipe.")
 @user_errors
-def command(model_dir, out_dir, outtype, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename, progress):
+def command(model_dir, out_dir, outtype, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename, progress,
+            quant, recipe, imatrix):
     """Convert an upstream MiniCPM-V 4.7 checkpoint (folder or cached HF repo id) to GGUF files + manifest.json."""
     from ggufbridge.convert import convert
 
     res = convert(model_dir, out_dir, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
-                  mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress)
+                  mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress,
+                  quant=quant, recipe=recipe, imatrix=imatrix)
     for f in res.files:
         click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")
     click.echo(f"manifest {res.out_dir / 'manifest.json'}")

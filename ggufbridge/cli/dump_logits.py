@@ -24,8 +24,8 @@ def command(model, eval_path, text_path, ctx, chunk, hf_dtype, floor, progress, 
     from ggufbridge.compare.run import dump_logits
 
     check_eval_choice(eval_path, text_path)
-    meta = dump_logits(model, out, eval_path=eval_path, text_path=text_path, ctx=ctx, top_k=top_k, samples=samples, chunk=chunk,
-                       floor=floor, hf_dtype=hf_dtype, progress=progress, rows_out=rows_out)
+    meta = dump_logits(model, out, eval_path=eval_path, text_path=text_path, ctx=ctx, top_k=top_k, samples=samples,
+                       chunk=chunk, floor=floor, hf_dtype=hf_dtype, progress=progress, rows_out=rows_out)
     click.echo(f"{out}: {len(meta['row_sha256'])} rows, top-{meta['top_k']} + {meta['samples']} samples of "
                f"{meta['vocab_size']}, "
                f"set sha256 {meta['set_sha256'][:16]}" + (", with BF16 floor" if meta.get("floor") else ""))

@@ -56,7 +56,8 @@ def command(src, dst, quant, recipe, fit_bytes, fit_hw, ctx, imatrix, threads, a
     given = [n for n, v in (("--quant", quant), ("--recipe", recipe), ("--fit-bytes", fit_bytes),
                             ("--fit", fit_hw)) if v is not None]
     if len(given) != 1:
-        raise QuantError(f"give exactly one of --quant, --recipe, --fit-bytes, --fit; found {', '.join(given) or 'none'}")
+        raise QuantError(f"give exactly one of --quant, --recipe, --fit-bytes, --fit; "
+                         f"found {', '.join(given) or 'none'}")
     if ctx is not None and fit_bytes is None and fit_hw is None:
         raise QuantError("--ctx only applies with --fit or --fit-bytes")
     chosen_note = None

@@ -78,8 +78,11 @@ def _parse_jsonl(path: Path) -> list[dict]:
 
 
 def needs_tokenizer(eval_path=None, text_path=None) -> bool:
+    """Whether the eval set has text to tokenise (False when nothing is given: load_rows reports that)."""
     if text_path is not None:
         return True
+    if eval_path is None:
+        return False
     return any("text" in r for r in _parse_jsonl(Path(eval_path)))
 
 

@@ -292,5 +292,8 @@ class Accumulator:
     def kl_by_kind(self) -> dict[str, np.ndarray]:
         """Per-position KL grouped by kind (for plots)."""
         stats, rows = self.arrays()
-        return {k: stats["kl"][np.isin(rows, [r for r, kk in self.kinds.items() if kk == k])]
-                for k in sorted(set(self.kinds.values()))}
+        out = {}
+        for kind in sorted(set(self.kinds.values())):
+            members = [r for r, k in self.kinds.items() if k == kind]
+            out[kind] = stats["kl"][np.isin(rows, members)]
+        return out

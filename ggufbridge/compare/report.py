@@ -126,8 +126,13 @@ def write_plot(cmp, path) -> None:
     several = len(cmp.results) > 1
     with_kl = [r for r in cmp.results if r.kl_by_kind]  # merged results carry no per-position KL
     n_panels = len(with_kl) + (1 if several else 0)
-    fig, axes = plt.subplots(1, n_panels, figsize=(5.5 * n_panels, 4), squeeze=False)
-    for ax, r in zip(axes[0], with_kl):
+    ncols = min(3, n_panels)
+    nrows = -(-n_panels // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4 * nrows), squeeze=False)
+    panels = list(axes.ravel())
+    for ax in panels[n_panels:]:
+        ax.set_visible(False)
+    for ax, r in zip(panels, with_kl):
         for kind, kl in r.kl_by_kind.items():
             kl = np.maximum(kl, 1e-12)  # log axis
             bins = np.logspace(np.log10(kl.min()), np.log10(kl.max()) + 1e-9, 40)
@@ -140,7 +145,7 @@ def write_plot(cmp, path) -> None:
         ax.set_title(r.label, fontsize=9)
         ax.legend(fontsize=7)
     if several:
-        ax = axes[0][-1]
+        ax = panels[n_panels - 1]
         families: dict[str, list] = {}  # one line per backend: GGUF files, EXL3 packs, ...
         for r in cmp.results:
             if r.bits_per_weight and r.summary.get("kl_mean") is not None:

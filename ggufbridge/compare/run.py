@@ -145,13 +145,18 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
     with contextlib.ExitStack() as stack:
         ref = stack.enter_context(open_source(reference, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype))
         chunk = chunk or default_chunk(ref.vocab_size, ctx)
-        # rows are tokenised by the reference's tokenizer, else by the first candidate's
-        first = stack.enter_context(open_source(candidates[0], n_ctx=ctx, chunk=chunk))
-        rows, text = _read_rows([ref, first], eval_path, text_path, ctx)
-        first.close()
+        # rows are tokenised by the reference's tokenizer, else (a dump) by the first candidate's
+        if ref.tokenize("a") is None and evalset.needs_tokenizer(eval_path, text_path):
+            with open_source(candidates[0], n_ctx=ctx, chunk=chunk) as first:
+                rows, text = _read_rows([first], eval_path, text_path, ctx)
+        else:
+            rows, text = _read_rows([ref], eval_path, text_path, ctx)
         evalset.check_ids_fit(rows, ref.vocab_size, ref.spec)
         if isinstance(ref, LogitsSource):
             ref.check_rows(rows)
+        dump_floor = ref.meta.get("floor") if isinstance(ref, LogitsSource) else None
+        if floor and ref_kind != "hf" and dump_floor is None:
+            raise GGUFBridgeError("--floor needs an hf: reference (or a logits: dump that carries one)")
         results = []
         for spec in candidates:
             with open_source(spec, n_ctx=ctx, chunk=chunk) as cand:
@@ -162,14 +167,14 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
         floor_summary, floor_note = None, ""
         if ref_kind == "hf" and floor is not False:
             with open_source(f"hf:{ref_path}", n_ctx=ctx, chunk=chunk, hf_dtype="bfloat16") as bf16:
-                ref32 = ref if hf_dtype == "float32" else stack.enter_context(HFfloat32(ref_path))
+                ref32 = ref if hf_dtype == "float32" else stack.enter_context(_hf_float32(ref_path))
                 floor_summary = _compare_one(ref32, bf16, rows, chunk, progress, "floor").summary()
                 floor_note = "transformers BF16 vs FP32 on the same rows"
-        elif isinstance(ref, LogitsSource) and ref.meta.get("floor") is not None:
-            floor_summary = ref.meta["floor"]
+        elif dump_floor is not None and floor is not False:
+            floor_summary = dump_floor
             floor_note = f"from the dump ({ref.meta.get('floor_note', 'BF16 vs FP32')})"
-        elif floor:
-            raise GGUFBridgeError("--floor needs an hf: reference (or a logits: dump that carries one)")
+        elif floor is False:
+            floor_note = "not measured (--no-floor)"
         else:
             floor_note = "not measured (needs an hf: reference or a dump made from one)"
     return Comparison(reference=reference, results=results, floor=floor_summary, floor_note=floor_note,
@@ -215,15 +220,16 @@ def merge(cmp: Comparison, other: dict, source: str) -> None:
     cmp.notes.append(f"merged {len(other.get('results', []))} result(s) from {source}")
 
 
-def HFfloat32(path):
+def _hf_float32(path):
+    """The float32 side of the floor when the main hf source runs in another dtype."""
     from ggufbridge.compare.sources import HFSource
 
     return HFSource(path, "float32")
 
 
 def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
-                top_k: int = DEFAULT_TOP_K, samples: int = DEFAULT_SAMPLES, chunk: int | None = None, floor: bool | None = None,
-                hf_dtype: str = "float32", progress: bool = False, rows_out=None) -> dict:
+                top_k: int = DEFAULT_TOP_K, samples: int = DEFAULT_SAMPLES, chunk: int | None = None,
+                floor: bool | None = None, hf_dtype: str = "float32", progress: bool = False, rows_out=None) -> dict:
     """Write the top-K form of `model` on an eval set to `out` (see ggufbridge.compare.dump); returns its metadata."""
     from ggufbridge.compare.dump import DumpWriter
 
@@ -253,10 +259,10 @@ def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = D
             "kinds": [r.kind for r in rows],
             "bits_per_weight": src.bits_per_weight,
         }
-        floor_summary = None
+        # the floor goes into the header, which is written before the first chunk: measure it first
         if kind == "hf" and floor is not False:
             with open_source(f"hf:{path}", n_ctx=ctx, chunk=chunk, hf_dtype="bfloat16") as bf16:
-                ref32 = src if hf_dtype == "float32" else HFfloat32(path)
+                ref32 = src if hf_dtype == "float32" else _hf_float32(path)
                 floor_summary = _compare_one(ref32, bf16, rows, chunk, progress, "floor").summary()
             meta["floor"] = floor_summary
             meta["floor_note"] = "transformers BF16 vs FP32, measured at dump time"

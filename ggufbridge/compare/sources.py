@@ -193,7 +193,7 @@ class EXL3Source(Source):
     """An EXL3 pack through exllamav3 on a CUDA GPU (the MiniCPM-V 4.7 architecture shim is installed first).
     The full row's logits live on the GPU; host memory receives one chunk at a time."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, n_ctx: int = 1024):
         from ggufbridge.compare import exl3
 
         torch, exllamav3 = exl3.require_exllamav3()
@@ -203,7 +203,8 @@ class EXL3Source(Source):
         self.torch = torch
         self.config = exllamav3.Config.from_directory(str(path))
         self.model = exllamav3.Model.from_config(self.config)
-        self.model.load()
+        # sizes inform exllamav3's memory estimate of the output layer (a whole row's logits, upcast to float32)
+        self.model.load(max_chunk_size=max(n_ctx, 2048), max_output_size=n_ctx, max_output_factor=5)
         self.vocab_size = int(self.config.vocab_size)
         self.bits_per_weight = exl3.storage_bpw(self.model)
         self.tokenizer = None
@@ -244,7 +245,7 @@ def open_source(spec: str, *, n_ctx: int, chunk: int, hf_dtype: str = "float32")
     if kind == "logits":
         return LogitsSource(path)
     if kind == "exl3":
-        return EXL3Source(path)
+        return EXL3Source(path, n_ctx=n_ctx)
     raise AssertionError(kind)
 
 

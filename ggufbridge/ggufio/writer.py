@@ -31,6 +31,8 @@ OUTTYPES = {
 }
 # general.file_type values (llama_ftype) for the output types we write ourselves
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
+# dtype tag of a built tensor that is already encoded: a flat uint8 array of the planned type's blocks
+RAW = "RAW"
 
 
 def choose_type(t: PlannedTensor, outtype: str) -> GGMLQuantizationType:
@@ -66,6 +68,8 @@ def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
 
 def encode(arr: np.ndarray, tag: str, qt: GGMLQuantizationType) -> np.ndarray:
     """Turn a built tensor (storage dtype `tag`) into the bytes of GGML type `qt`."""
+    if tag == RAW:
+        return arr  # already the bytes of `qt` (blocks built by the caller)
     if qt == GGMLQuantizationType.BF16 and tag == "BF16":
         return arr  # bit-exact passthrough
     if qt == GGMLQuantizationType.F16 and tag == "F16":
@@ -193,7 +197,7 @@ def write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress=None) -
             f.write(b"\0" * _pad(f.n))
             for t, qt, nb in zip(plan.tensors, types, sizes):
                 arr, tag = t.build()
-                if tuple(arr.shape) != tuple(t.shape):
+                if tag != RAW and tuple(arr.shape) != tuple(t.shape):
                     raise GGUFBridgeError(f"internal: {t.name} built with shape {arr.shape}, planned {t.shape}")
                 data = encode(arr, tag, qt)
                 del arr

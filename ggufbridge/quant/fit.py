@@ -20,8 +20,9 @@ from ggufbridge.quant import types as qt
 from ggufbridge.quant.quantize import _error_line, plan_recipe
 from ggufbridge.quant.recipes import load_quant_recipe
 
-# Best first: by KL per the synthetic benchmark in docs/quant.md (hq4 beat Q4_K_M there at equal size), then size.
-LADDER: tuple[str, ...] = ("Q8_0", "Q6_K", "Q5_K_M", "hq4", "Q4_K_M", "IQ4_XS", "hq3", "Q3_K_M", "Q2_K")
+# Best first, by mean KL in the synthetic benchmark of docs/quant.md (random weights: a provisional order until
+# measured on the real model). An entry that is both worse and larger than one before it is never picked.
+LADDER: tuple[str, ...] = ("Q8_0", "Q6_K", "hq4", "Q5_K_M", "hq3", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K")
 RECIPE_PREFIX = "hq"  # ladder entries that are recipes rather than llama-quantize types
 DEFAULT_CTX = 8192
 # one line per tensor of `llama-quantize --dry-run`: "[  7/ 76] NAME - [ ne0, ...], type = bf16, size = ... (q5_K)"

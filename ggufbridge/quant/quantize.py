@@ -46,7 +46,8 @@ class TensorChoice:
     def fallback(self) -> str | None:
         if self.final == self.wanted:
             return None
-        return f"{self.name}: rows of {self.row} are not whole {self.wanted} blocks ({qt.block_size(self.wanted)}) → {self.final}"
+        return (f"{self.name}: rows of {self.row} are not whole {self.wanted} blocks "
+                f"({qt.block_size(self.wanted)}) → {self.final}")
 
 
 @dataclass

@@ -73,7 +73,8 @@ def load_quant_recipe(name_or_path: str) -> QuantRecipe:
 def validate(raw: dict, name: str, source: str = "packaged") -> QuantRecipe:
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
-        raise QuantError(f"recipe {name}: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(sorted(TOP_KEYS))}")
+        raise QuantError(f"recipe {name}: unknown key(s) {', '.join(unknown)}; "
+                         f"expected some of {', '.join(sorted(TOP_KEYS))}")
     table = raw.get("types")
     if not isinstance(table, dict):
         raise QuantError(f"recipe {name}: [types] must be a table of class = type, found {table!r}")

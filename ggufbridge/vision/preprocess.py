@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,7 +151,11 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS):
     if p.stat().st_size == 0:
         raise VisionInputError(f"{p}: the image file is empty (0 bytes)")
     try:
-        img = Image.open(p)  # lazy: parses the header only
+        with warnings.catch_warnings():  # our own pixel limit below decides; Pillow's warning would be noise
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(p)  # lazy: parses the header only
+    except Image.DecompressionBombError as e:
+        raise VisionInputError(f"{p}: image is too large ({e})") from None
     except UnidentifiedImageError:
         raise VisionInputError(f"{p}: not an image in a supported format (expected one of {', '.join(FORMATS)})") from None
     except (OSError, ValueError) as e:

@@ -1,0 +1,72 @@
+"""`write_quantized`: the converter's path to a quantised target — write the plan at high precision under a
+temporary name, quantise that into the final file's temporary name, drop the intermediate. The caller keeps the
+atomic rename (`Written.commit()`), exactly as for an unquantised file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ggufbridge.errors import QuantError
+from ggufbridge.quant import types as qt
+from ggufbridge.quant.quantize import QuantResult, quantize_file
+from ggufbridge.quant.verify import sha256_file
+
+INTERMEDIATE_TYPES = ("bf16", "f16", "f32")
+
+
+def quant_label(quant: str | None, recipe: str | None) -> str:
+    """What a quantised file's name and manifest entry say: the llama-quantize type, or the recipe in capitals."""
+    if (quant is None) == (recipe is None):
+        raise QuantError("give exactly one of --quant and --recipe")
+    return qt.file_type(quant) if quant is not None else Path(recipe).stem.upper()
+
+
+def quant_filename(filename: str, outtype: str, label: str) -> str:
+    """`NAME-BF16.gguf` → `NAME-HQ4.gguf`."""
+    suffix = f"-{outtype.upper()}.gguf"
+    stem = filename[: -len(suffix)] if filename.endswith(suffix) else filename.removesuffix(".gguf")
+    return f"{stem}-{label}.gguf"
+
+
+def check_intermediate(outtype: str) -> None:
+    if outtype not in INTERMEDIATE_TYPES:
+        raise QuantError(f"--outtype is the precision quantisation starts from: expected one of "
+                         f"{', '.join(INTERMEDIATE_TYPES)} with --quant/--recipe, found {outtype!r}")
+
+
+def prepare(quant: str | None, recipe: str | None, imatrix, outtype: str) -> str:
+    """Validate a convert-time quantisation request before anything is written; returns its label."""
+    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.runtime.locate import locate
+
+    label = quant_label(quant, recipe)
+    check_intermediate(outtype)
+    if recipe is not None:
+        load_quant_recipe(recipe)
+    if imatrix is not None and not Path(imatrix).is_file():
+        raise QuantError(f"importance matrix {imatrix} does not exist")
+    locate().tool("llama-quantize")
+    return label
+
+
+def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None, recipe: str | None = None,
+                    imatrix=None, progress=None, threads: int | None = None):
+    """Returns (Written for `final`, still under its temporary name, QuantResult)."""
+    from ggufbridge.ggufio.writer import Written, tmp_name, write_gguf
+
+    check_intermediate(outtype)
+    hp = write_gguf(plan, final.with_name(f"{final.stem}.{outtype}-intermediate.gguf"), outtype, progress=progress)
+    dst = tmp_name(final)
+    try:
+        res: QuantResult = quantize_file(hp.path, dst, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads)
+    except BaseException:
+        dst.unlink(missing_ok=True)
+        raise
+    finally:
+        hp.discard()
+    types: dict[str, int] = {}
+    for row in res.report.rows:
+        for t, n in row.types.items():
+            types[t] = types.get(t, 0) + n
+    return Written(dst, final, os.path.getsize(dst), sha256_file(dst), types), res
