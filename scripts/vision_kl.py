@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _vision_helpers import hf_logits, hf_pixels, kl_rows, random_image  # noqa: E402
+from _vision_helpers import hf_logits, kl_rows, random_image  # noqa: E402
 
-from ggufbridge.convert import ConvertResult  # noqa: E402,F401
 from ggufbridge.fixtures.checkpoint import load_reference  # noqa: E402
 from ggufbridge.vision.bindings import VisionSession, resolve_files  # noqa: E402
 from ggufbridge.vision.stock import stock_eval  # noqa: E402

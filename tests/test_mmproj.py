@@ -37,6 +37,7 @@ def _fields(r: GGUFReader) -> dict:
     return {k: (f.types, f.contents()) for k, f in r.fields.items()}
 
 
+@pytest.mark.slow
 def test_keys_and_types_16x(conv, make_ckpt):
     res = conv("tiny")
     assert res.path("mmproj").name == "mmproj-MiniCPM-V-4_7-32M-A31M-F16.gguf"
@@ -74,6 +75,7 @@ def test_keys_and_types_16x(conv, make_ckpt):
     assert all(t.tensor_type.name == "F32" for t in r.tensors if len(t.shape) == 1)
 
 
+@pytest.mark.slow
 def test_downsample_override_4x_drops_vit_merger(conv):
     r = GGUFReader(conv("tiny", "4x").path("mmproj"))
     f = _fields(r)

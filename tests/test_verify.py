@@ -126,3 +126,11 @@ def test_missing_file_and_missing_manifest(converted, tmp_path):
     (out / "manifest.json").unlink()
     code, text = _verify(out)
     assert code == 2 and "no manifest.json" in text
+
+
+def test_mmproj_written_with_a_non_default_downsample_verifies(make_ckpt, tmp_path):
+    ckpt = make_ckpt("tiny", dtype="bfloat16", vocab="small")  # 16x by default
+    out = tmp_path / "out"
+    convert(ckpt, out, outtype="bf16", downsample="4x", progress=False)
+    code, text = _verify(out, "--source", str(ckpt))
+    assert code == 0, text

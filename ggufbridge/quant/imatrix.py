@@ -62,6 +62,11 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
         raise QuantError(f"--ctx must be at least 8 tokens, found {ctx}")
     if chunks is not None and chunks < 1:
         raise QuantError(f"--chunks must be at least 1, found {chunks}")
+    n_tokens = count_tokens(model, text)
+    if n_tokens is not None and n_tokens < 2 * ctx:
+        # the tool's own rule (tools/imatrix/imatrix.cpp:818): two contexts' worth of tokens at least
+        raise QuantError(f"calibration text {text} is too short: {n_tokens} tokens, llama-imatrix needs at least "
+                         f"{2 * ctx} for --ctx {ctx} (use a longer text or a smaller --ctx)")
     out = Path(out) if out is not None else model.parent / DEFAULT_NAME
     if runtime is None:
         from ggufbridge.runtime.locate import locate
@@ -94,11 +99,24 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
             hint += f" (the text is too short for --ctx {ctx}: use a longer text or a smaller --ctx)"
         raise QuantError(f"llama-imatrix failed (exit {p.returncode}): {hint}")
     os.replace(tmp_out, out)
-    n = None
-    for line in outtext.splitlines():
-        if "computing over" in line and "chunks" in line:
-            try:
-                n = int(line.split("computing over", 1)[1].split()[0])
-            except (ValueError, IndexError):
-                pass
-    return ImatrixResult(out, model, n, outtext)
+    return ImatrixResult(out, model, _chunk_count(out), outtext)
+
+
+def count_tokens(model: Path, text: Path) -> int | None:
+    """Tokens of the calibration text under the model's own tokenizer (vocabulary only: no weights are loaded)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(str(model), vocab_only=True, verbose=False)
+    try:
+        return len(llm.tokenize(text.read_bytes(), add_bos=True, special=False))
+    finally:
+        llm.close()
+
+
+def _chunk_count(path: Path) -> int | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("imatrix.chunk_count")
+    return int(field.contents()) if field is not None else None

@@ -201,6 +201,24 @@ def verify(out_dir, source=None, draft=None) -> VerifyReport:
         if entry is None:
             continue
         path = out_dir / entry["path"]
-        if path.is_file():
-            _compare_plan(path, o.plan, report, o.role)
+        if not path.is_file():
+            continue
+        plan = o.plan
+        if o.role == "mmproj":
+            plan = _mmproj_plan_like(md, path, plan)
+        _compare_plan(path, plan, report, o.role)
     return report
+
+
+def _mmproj_plan_like(md, path: Path, default_plan):
+    """The manifest does not record --downsample: use the mode whose planned tensors are the file's."""
+    from ggufbridge.convert import plan_outputs
+
+    names = set(_gguf_tensors(path))
+    if {t.name for t in default_plan.tensors} == names:
+        return default_plan
+    for mode in ("16x", "4x"):
+        plans = [o.plan for o in plan_outputs(md, outtype="f32", basename=None, downsample=mode) if o.role == "mmproj"]
+        if plans and {t.name for t in plans[0].tensors} == names:
+            return plans[0]
+    return default_plan

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufbridge.errors import VisionInputError, VisionModelError
+from ggufbridge.errors import VisionModelError
 from ggufbridge.vision import positions as P
 from ggufbridge.vision.preprocess import ImageCrops, SliceConfig, SlicePlan, load_image, make_crops
 
@@ -40,10 +40,7 @@ N_POS = 4  # position rows per embedding for the IMROPE text model (t, h, w, e)
 
 def _kv(reader, key: str, default=None):
     f = reader.fields.get(key)
-    if f is None:
-        return default
-    val = f.contents()
-    return val
+    return default if f is None else f.contents()
 
 
 @dataclass(frozen=True)
