@@ -6,7 +6,6 @@ hashed, so an error or Ctrl-C at any point leaves no file under a final name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,10 +21,10 @@ from ggufbridge.arch import converter_for
 from ggufbridge.arch.plan import ConversionPlan
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.errors import GGUFBridgeError
+from ggufbridge.ggufio.manifest import MANIFEST, sha256_file
 from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, tmp_name, write_gguf
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -109,14 +108,6 @@ def add_general(plan: ConversionPlan, *, basename: str, size: str, outtype: str,
                 plan.str(f"general.base_model.{i}.repo_url", f"https://huggingface.co/{b}")
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass
 class Output:
     role: str  # "target" | "mmproj" | "draft"
@@ -180,7 +171,7 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     try:
         # Hash the source files on a second thread while converting: hashlib releases the GIL on large buffers.
         with ThreadPoolExecutor(max_workers=1) as pool:
-            src_hashes = pool.map(_sha256_file, sources)
+            src_hashes = pool.map(sha256_file, sources)
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                       desc="convert", leave=False) as bar:
                 for o in outputs:

@@ -8,7 +8,6 @@ import json
 import logging
 import shutil
 
-import numpy as np
 import pytest
 from gguf import GGUFReader
 from safetensors import safe_open
@@ -76,7 +75,7 @@ def test_manifest_names_and_general_metadata(make_ckpt, tmp_path, caplog):
     shutil.copytree(ckpt, card)
     (card / "README.md").write_text("---\nlicense: apache-2.0\nbase_model:\n- openbmb/MiniCPM-V-4.7-35B-A3B\n---\n# card\n")
     with caplog.at_level(logging.INFO):
-        res = convert(card, tmp_path / "out", outtype="q8_0", progress=False, mmproj=False)
+        convert(card, tmp_path / "out", outtype="q8_0", progress=False, mmproj=False)
     assert any("MTP" in r.getMessage() and "without MTP" in r.getMessage() for r in caplog.records)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert set(manifest) == {"files", "source", "ggufbridge"}

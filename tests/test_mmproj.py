@@ -15,6 +15,7 @@ from ggufbridge.arch import minicpmv4_7_vision as V
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.convert import convert
 from ggufbridge.errors import ConfigError, VisionModelError
+from ggufbridge.vision.preprocess import ImageCrops
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +176,31 @@ def test_embeddings_match_transformers(conv, make_ckpt, spec, downsample, size):
     for (h, w), a, b in zip(ts.tolist(), ours, want):
         assert a.shape == b.shape == ((h // merge) * (w // merge), b.shape[1])
         assert cosines(a, b).min() > 0.9999
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,downsample", [("tiny", None), ("tiny", "4x")])
+def test_passes_unchanged_predicts_the_runtime(conv, make_ckpt, spec, downsample):
+    """Crops the predicate accepts come out of the runtime's encoder equal to transformers' features on the very
+    same pixels; crops it rejects do not (the runtime resized or squashed them first)."""
+    from ggufbridge.fixtures.checkpoint import load_reference
+    from ggufbridge.vision.bindings import VisionSession, passes_unchanged
+
+    res = conv(spec, downsample)
+    ref = load_reference(make_ckpt(spec))
+    unit = 56 if downsample is None else 28
+    sizes = [(h, w) for h in range(unit, 5 * unit, unit) for w in range(unit, 5 * unit, unit)]
+    with VisionSession(res.path("target"), res.path("mmproj"), n_ctx=256) as s:
+        seen = {True: 0, False: 0}
+        for k, (h, w) in enumerate(sizes):
+            crop = np.asarray(random_image(w, h, seed=k))
+            ok = passes_unchanged((h, w), s.info)
+            want = hf_crop_features(ref, *hf_pixels([ImageCrops(None, [crop])]), downsample)[0]
+            got = s._encode_raw(crop)
+            same = got.shape == want.shape and cosines(got, want).min() > 0.9999
+            assert same == ok, ((h, w), ok, got.shape, want.shape)
+            if not ok:
+                with pytest.raises(VisionModelError, match="would be resized"):
+                    s.encode_crop(crop)
+            seen[ok] += 1
+    assert seen[True] >= 3 and seen[False] >= 3, seen

@@ -344,7 +344,7 @@ def plan_text(plan: ConversionPlan, p: TextParams, tensors: dict[str, TensorRef]
         plan.notes.append(
             f"config declares {p.mtp_layers} MTP layer(s) but the checkpoint ships none: converted without MTP"
             if not any(".mtp." in n or n.startswith("mtp.") for n in tensors)
-            else f"MTP layers present but not converted (MiniCPM-V 4.7 GGUF has no MTP): converted without MTP"
+            else "MTP layers present but not converted (MiniCPM-V 4.7 GGUF has no MTP): converted without MTP"
         )
     return used
 

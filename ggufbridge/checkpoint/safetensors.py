@@ -9,7 +9,6 @@ process's resident set until the mapping goes away, which defeats bounded-memory
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path

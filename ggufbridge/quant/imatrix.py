@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import ManifestError, QuantError
+from ggufbridge.ggufio.manifest import MANIFEST
 from ggufbridge.quant.quantize import _default_threads, _error_line
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
 DEFAULT_NAME = "imatrix.gguf"
 
 

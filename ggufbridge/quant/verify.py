@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ggufbridge.errors import ManifestError
+from ggufbridge.ggufio.manifest import MANIFEST, sha256_file
 
-MANIFEST = "manifest.json"
 COMPARABLE = {"F32", "F16", "BF16"}
 
 
@@ -59,14 +58,6 @@ class VerifyReport:
         lines += [f"  note: {n}" for n in self.notes]
         lines.append("OK" if self.ok else "FAILED")
         return "\n".join(lines)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(out_dir: Path) -> dict:

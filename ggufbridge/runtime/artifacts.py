@@ -7,14 +7,13 @@ Format: {"files": [{"role": "target"|"mmproj"|"draft", "path": <relative>, "byte
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ggufbridge.errors import ManifestError
+from ggufbridge.ggufio.manifest import MANIFEST, sha256_file
 
-MANIFEST = "manifest.json"
 ROLES = ("target", "mmproj", "draft")
 
 
@@ -80,18 +79,10 @@ def load_artifacts(out_dir: str | Path, verify_hashes: bool = False) -> Artifact
             raise ManifestError(f"{where}: {path} has {found} bytes, the manifest says {size} (incomplete copy?)")
         digest = entry.get("sha256")
         if verify_hashes and digest:
-            actual = _sha256(path)
+            actual = sha256_file(path)
             if actual != digest:
                 raise ManifestError(f"{where}: {path} sha256 {actual} differs from the manifest's {digest}")
         files[role] = Artifact(role, path, size, digest, entry.get("type"))
     if "target" not in files:
         raise ManifestError(f"{mpath}: no file with role 'target'")
     return Artifacts(out, files)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -283,32 +283,33 @@ class VisionSession:
     # -- vision
     def encode_crop(self, crop: np.ndarray) -> np.ndarray:
         """Embeddings [n_tokens, n_embd] of one crop (uint8 [h, w, 3]) that the runtime takes unchanged."""
-        mt = self._mt
         h, w = crop.shape[:2]
         if not passes_unchanged((h, w), self.info):
             raise VisionModelError(f"crop {h}×{w} would be resized by the runtime's preprocessor")
+        out = self._encode_raw(crop)
         want = (h // (self.info.patch * self.info.merge)) * (w // (self.info.patch * self.info.merge))
+        if out.shape[0] != want:
+            raise VisionModelError(f"crop {h}×{w}: the runtime made {out.shape[0]} tokens, expected {want}")
+        return out
+
+    def _encode_raw(self, crop: np.ndarray) -> np.ndarray:
+        """The runtime's embeddings of its first image chunk for this bitmap, after its own preprocessing."""
+        mt = self._mt
+        h, w = crop.shape[:2]
         data = np.ascontiguousarray(crop, dtype=np.uint8)
         bitmap = mt.mtmd_bitmap_init(w, h, data.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
         chunks = mt.mtmd_input_chunks_init()
         try:
             marker = mt.mtmd_default_marker()
             text = mt.mtmd_input_text(marker, len(marker), False, False)
-            arr = (mt.mtmd_bitmap_p_ctypes * 1)(bitmap)
-            rc = mt.mtmd_tokenize(self.mctx, chunks, ctypes.byref(text), arr, 1)
+            rc = mt.mtmd_tokenize(self.mctx, chunks, ctypes.byref(text), (mt.mtmd_bitmap_p_ctypes * 1)(bitmap), 1)
             if rc != 0:
                 raise VisionModelError(f"the runtime could not preprocess a {h}×{w} crop (mtmd_tokenize: {rc})")
-            chunk = None
-            for i in range(mt.mtmd_input_chunks_size(chunks)):
-                c = mt.mtmd_input_chunks_get(chunks, i)
-                if mt.mtmd_input_chunk_get_type(c) == mt.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                    chunk = c
-                    break
+            chunk = next((c for c in (mt.mtmd_input_chunks_get(chunks, i) for i in range(mt.mtmd_input_chunks_size(chunks)))
+                          if mt.mtmd_input_chunk_get_type(c) == mt.MTMD_INPUT_CHUNK_TYPE_IMAGE), None)
             if chunk is None:
                 raise VisionModelError("the runtime produced no image chunk")
             n = mt.mtmd_input_chunk_get_n_tokens(chunk)
-            if n != want:
-                raise VisionModelError(f"crop {h}×{w}: the runtime made {n} tokens, expected {want}")
             rc = mt.mtmd_encode_chunk(self.mctx, chunk)
             if rc != 0:
                 raise VisionModelError(f"the runtime failed to encode a {h}×{w} crop (mtmd_encode_chunk: {rc})")
