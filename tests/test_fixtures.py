@@ -7,7 +7,6 @@ one computed), the safetensors headers read directly for the on-disk layout, and
 
 from __future__ import annotations
 
-
 import functools
 import hashlib
 import json

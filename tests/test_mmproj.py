@@ -189,7 +189,7 @@ def test_passes_unchanged_predicts_the_runtime(conv, make_ckpt, spec, downsample
     res = conv(spec, downsample)
     ref = load_reference(make_ckpt(spec))
     unit = 56 if downsample is None else 28
-    sizes = [(h, w) for h in range(unit, 5 * unit, unit) for w in range(unit, 5 * unit, unit)]
+    sizes = [(h, w) for h in range(unit, 8 * unit, unit) for w in range(unit, 8 * unit, unit)]
     with VisionSession(res.path("target"), res.path("mmproj"), n_ctx=256) as s:
         seen = {True: 0, False: 0}
         for k, (h, w) in enumerate(sizes):
