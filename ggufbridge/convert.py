@@ -88,7 +88,7 @@ def _readme_meta(model_dir: Path) -> dict:
 
 
 def add_general(plan: ConversionPlan, *, basename: str, size: str, outtype: str, model_dir: Path, role: str) -> None:
-    plan.str("general.type", "model")
+    plan.str("general.type", "mmproj" if role == "mmproj" else "model")
     plan.str("general.name", f"{basename}-{size}" if role == "target" else f"{basename}-{size} ({role})")
     plan.str("general.basename", basename)
     plan.str("general.size_label", size)

@@ -49,6 +49,7 @@ def test_keys_and_types_16x(conv, make_ckpt):
     vc = cfg["vision_config"]
     want = {
         "clip.projector_type": ([GGUFValueType.STRING], "minicpmv4_6"),
+        "general.type": ([GGUFValueType.STRING], "mmproj"),
         "clip.has_vision_encoder": ([GGUFValueType.BOOL], True),
         "clip.use_gelu": ([GGUFValueType.BOOL], True),
         "clip.vision.embedding_length": ([GGUFValueType.UINT32], vc["hidden_size"]),

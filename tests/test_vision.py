@@ -239,12 +239,15 @@ def test_crop_adjustment_for_the_runtime_preprocessor():
     info16 = MmprojInfo(None, 448, 14, 4, 64)
     assert passes_unchanged((448, 448), info16) and passes_unchanged((392, 504), info16)
     assert not passes_unchanged((392, 392), info16)  # squashed to 448² by the runtime
-    assert not passes_unchanged((392, 560), info16)  # area > 448²: shrunk by the runtime
-    plan = plan_slices((1000, 1300), SliceConfig(448, 14, 4))
+    assert not passes_unchanged((784, 280), info16)  # area > 448²: refitted to 728×280 by the runtime
+    assert passes_unchanged((392, 560), info16)  # area > 448², but the runtime's refit lands on itself
+    plan = plan_slices((900, 1900), SliceConfig(448, 14, 4))
+    assert not passes_unchanged(plan.source, info16)
     fitted, notes = fit_plan(plan, info16, strict=False)
     for hw in fitted.crop_sizes():
         assert passes_unchanged(hw, info16)
-    assert fitted.grid == plan.grid
-    if notes:
-        with pytest.raises(VisionModelError, match="would be resized again"):
-            fit_plan(plan, info16, strict=True)
+    assert fitted.grid == plan.grid and fitted.slice == plan.slice
+    assert notes == ["thumbnail 336×672 → 280×560"]
+    with pytest.raises(VisionModelError, match="thumbnail 336×672 would be resized again"):
+        fit_plan(plan, info16, strict=True)
+    assert fit_plan(plan_slices((1000, 1300), SliceConfig(448, 14, 4)), info16, strict=True)[1] == []

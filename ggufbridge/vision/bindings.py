@@ -53,7 +53,7 @@ class MmprojInfo:
 
     @property
     def merge(self) -> int:
-        return self.scale_factor  # LLM tokens per side of a crop = patches / scale_factor
+        return self.scale_factor  # patches per LLM token along each side: 4 in 16x mode, 2 in 4x
 
     @property
     def slice_config(self) -> SliceConfig:
@@ -122,18 +122,21 @@ def _runtime_fit(hw: tuple[int, int], slice_size: int, unit: int, upscale: bool)
 
 
 def passes_unchanged(hw: tuple[int, int], info: MmprojInfo) -> bool:
-    """True when the runtime's preprocessor hands a crop of this size to the encoder without resizing it."""
+    """True when the runtime's preprocessor hands a crop of this size to the encoder without resizing it.
+
+    Its rules (runtime-facts C.4): in 4x mode a crop of at most slice² pixels is refitted to about slice²
+    (upscaling allowed); otherwise a crop with no side above the slice size is squashed to slice×slice, and a
+    larger one becomes an "overview" refitted only when its area exceeds slice² (any slices it also cuts are
+    ignored). Unchanged means: the refit lands on the crop's own size."""
     h, w = hw
     s, unit = info.slice_size, info.patch * info.merge
     if h % unit or w % unit:
         return False
-    if info.scale_factor == 4:
-        if h <= s and w <= s:
-            return h == w == s  # smaller crops are squashed to slice_size²
-        return h * w <= s * s  # an "overview" that needs no shrinking (any slices it also makes are ignored)
-    if h * w > s * s:
-        return False
-    return _runtime_fit(hw, s, unit, upscale=True) == (h, w)
+    if info.scale_factor == 2 and h * w <= s * s:
+        return _runtime_fit(hw, s, unit, upscale=True) == (h, w)
+    if h <= s and w <= s:
+        return h == w == s
+    return _runtime_fit(hw, s, unit, upscale=False) == (h, w)
 
 
 def nearest_passable(hw: tuple[int, int], info: MmprojInfo) -> tuple[int, int]:
@@ -438,7 +441,7 @@ class VisionSession:
         want[idx] = True
         embd = [None] * n
         crop_iter = iter(prompt.embeddings)
-        for a, b in P._visual_runs(prompt.visual):
+        for a, b in P.visual_runs(prompt.visual):
             e = next(crop_iter)
             for k, i in enumerate(range(a, b)):
                 embd[i] = e[k]

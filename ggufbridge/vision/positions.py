@@ -99,7 +99,7 @@ def canvas_positions(ids: list[int], visual: list[bool], grids: list[tuple[int, 
     if len(visual) != n:
         raise VisionModelError(f"canvas positions: {len(visual)} visual flags for {n} tokens")
     pos = np.zeros((3, n), dtype=np.int64)
-    runs = list(_visual_runs(visual))
+    runs = list(visual_runs(visual))
     if len(runs) != len(grids):
         raise VisionModelError(f"canvas positions: {len(runs)} visual runs in the prompt but {len(grids)} crop grids")
     for (a, b), (gh, gw) in zip(runs, grids):
@@ -183,7 +183,8 @@ def canvas_positions(ids: list[int], visual: list[bool], grids: list[tuple[int, 
     return pos, next_pos
 
 
-def _visual_runs(visual: list[bool]):
+def visual_runs(visual: list[bool]):
+    """[start, end) of every maximal run of visual tokens (one run per crop)."""
     i, n = 0, len(visual)
     while i < n:
         if visual[i]:
