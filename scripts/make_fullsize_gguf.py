@@ -102,7 +102,10 @@ class BlockPool:
         elif qtype == "Q8_0":
             b[:, 0:2] = np.frombuffer(np.float16(WEIGHT_STD / 74).tobytes(), np.uint8)
         elif qtype == "Q4_0":
-            b[:, 0:2] = np.frombuffer(np.float16(WEIGHT_STD / 4.61).tobytes(), np.uint8)
+            # w = d·(q − 8): nibbles drawn from 1..15 so the weights are centred
+            lo, hi = (rng.integers(1, 16, size=(n_blocks, 16), dtype=np.uint8) for _ in range(2))
+            b[:, 2:18] = lo | (hi << 4)
+            b[:, 0:2] = np.frombuffer(np.float16(WEIGHT_STD / 4.32).tobytes(), np.uint8)
         self.flat = b.reshape(-1)
         self.nb = nb
         self.cursor = 0
@@ -162,14 +165,15 @@ def target_plan(s: Shape, quant: str, vocab, seed: int) -> ConversionPlan:
     plan = ConversionPlan(qm.ARCH)
     plan.str("general.name", "MiniCPM-V 4.7 35B-A3B shape, random weights")
     plan.u32("general.file_type", FILE_TYPE[quant])
-    # the converter's own metadata writer, fed an empty checkpoint: only the KVs are kept
-    qm.plan_text(_kv_only := ConversionPlan(qm.ARCH), p, _FakeRefs(p), "", "lm_head.weight")
-    plan.kvs += _kv_only.kvs
+    # the converter's own planner, fed a shape-only checkpoint: its KVs, tensor names and GGUF shapes are kept
+    shapes = ConversionPlan(qm.ARCH)
+    qm.plan_text(shapes, p, _FakeRefs(p), "", "lm_head.weight")
+    plan.kvs += shapes.kvs
     add_vocab(plan, vocab)
 
     rng = np.random.default_rng(seed)
     pools: dict[str, BlockPool] = {}
-    for t in _kv_only.tensors:  # names and GGUF shapes exactly as the converter plans them
+    for t in shapes.tensors:
         qt = target_type(t.name, t.shape, quant, p.n_layer)
         plan.tensors.append(_tensor(t.name, t.shape, qt, pools, rng))
     return plan
