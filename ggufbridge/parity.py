@@ -10,11 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+from ggufbridge.compare.metrics import log_softmax
 
 
 @dataclass
