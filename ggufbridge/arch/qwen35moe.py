@@ -13,7 +13,7 @@ import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
 from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
-from ggufbridge.checkpoint.safetensors import TensorRef, to_f32
+from ggufbridge.checkpoint.safetensors import DTYPES, TensorRef, to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
 
 ARCH = "qwen35moe"
@@ -285,8 +285,11 @@ def _experts(gname: str, per_expert: str, fused: str, part: str, prefix: str, te
     used.update(names)
 
     def build():
-        # One layer's experts for one projection in memory at a time.
-        return np.stack([r.read() for r in refs]), refs[0].dtype
+        # One projection of one layer's experts in memory at a time, each expert read straight into its slot.
+        out = np.empty((p.n_expert, *per_shape), dtype=DTYPES[refs[0].dtype][0])
+        for e, r in enumerate(refs):
+            r.read(out[e])
+        return out, refs[0].dtype
 
     return PlannedTensor(f"blk.{il}.{gname}", (p.n_expert, *per_shape), refs, build)
 

@@ -53,10 +53,16 @@ class TensorRef:
             n *= d
         return n
 
-    def read(self) -> np.ndarray:
-        """The tensor as a numpy array in its stored dtype (BF16 as uint16 bit patterns)."""
+    def read(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The tensor as a numpy array in its stored dtype (BF16 as uint16 bit patterns).
+
+        `out`, if given, is a C-contiguous array of that dtype and shape to read into (e.g. one expert's slot of a
+        stacked tensor, so stacking needs no second copy)."""
         np_dtype, _ = DTYPES[self.dtype]
-        out = np.empty(self.shape, dtype=np_dtype)
+        if out is None:
+            out = np.empty(self.shape, dtype=np_dtype)
+        elif out.dtype != np_dtype or out.shape != self.shape or not out.flags.c_contiguous:
+            raise ValueError(f"{self.name}: cannot read {self.dtype}{list(self.shape)} into {out.dtype}{list(out.shape)}")
         buf = memoryview(out.reshape(-1).view(np.uint8)) if self.nbytes else memoryview(b"")
         with open(self.path, "rb", buffering=0) as f:
             f.seek(self.start)
