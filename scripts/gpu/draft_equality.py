@@ -1,0 +1,54 @@
+"""Run on the GPU machine (see draft_equality.sh); the pairs come from draft_equality_prep.py (run here). On the GPU: does llama-server with a DSpark draft give the same greedy tokens as without? (stdlib only)"""
+import glob, json, os, signal, socket, subprocess, sys, time, urllib.request
+
+BIN = sys.argv[1]
+OUT = os.environ["OUT"]
+
+
+def port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+
+def run(model, draft, prompts, tag, n=32, extra=()):
+    p = port()
+    argv = [f"{BIN}/llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(p), "-c", "1024", "-np", "1",
+            "-ngl", "99", "--no-warmup", "--no-webui", *extra]
+    if draft:
+        argv += ["-md", draft, "--spec-type", "draft-dspark", "--spec-draft-n-max", "4", "-ngld", "99"]
+    log = open(f"{OUT}/server-{tag}.log", "wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{p}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                return {"error": f"exited {proc.returncode}"}
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                    break
+            except Exception:
+                time.sleep(0.2)
+        res = []
+        for pr in prompts:
+            body = json.dumps({"prompt": pr, "n_predict": n, "temperature": 0.0, "top_k": 1, "seed": 0,
+                               "cache_prompt": False, "return_tokens": True, "ignore_eos": True}).encode()
+            req = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
+            r = json.loads(urllib.request.urlopen(req, timeout=120).read())
+            t = r.get("timings", {})
+            res.append({"tokens": r["tokens"], "draft_n": t.get("draft_n"), "accepted": t.get("draft_n_accepted")})
+        return res
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM); proc.wait(10)
+
+
+prompts = ["Hello world", [1, 2, 3, 4, 5], [150], [163], "abc def"]
+report = {}
+for name in ("oracle", "random"):
+    d = f".dev/gpu2/{name}"
+    target = [f for f in glob.glob(f"{d}/*.gguf") if "dspark" not in f][0]
+    draft = glob.glob(f"{d}/dspark-*.gguf")[0]
+    plain = run(target, None, prompts, f"{name}-plain")
+    spec = run(target, draft, prompts, f"{name}-spec")
+    report[name] = {"plain": plain, "spec": spec,
+                    "identical": [a["tokens"] == b["tokens"] for a, b in zip(plain, spec)] if isinstance(plain, list) and isinstance(spec, list) else None}
+    print(name, report[name]["identical"], [(s.get("draft_n"), s.get("accepted")) for s in spec] if isinstance(spec, list) else spec, flush=True)
+json.dump(report, open(f"{OUT}/draft-equality.json", "w"), indent=1)
