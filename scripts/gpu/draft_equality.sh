@@ -1,6 +1,6 @@
+#!/usr/bin/env bash
 # Device command (carry .dev/gpu/llama-src.tgz and .dev/gpu2): build llama-server for sm_90, then compare
 # greedy output with and without the DSpark draft on the pairs that draft_equality_prep.py wrote to .dev/gpu2.
-#!/usr/bin/env bash
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 S=/root/src; mkdir -p $S && tar -xzf .dev/gpu/llama-src.tgz -C $S
