@@ -105,6 +105,10 @@ def config_not_json(d):
     (d / "config.json").write_text("{ this is not json")
 
 
+def preprocessor_not_json(d):
+    (d / "preprocessor_config.json").write_text("[1, 2")
+
+
 def missing_tokenizer(d):
     (d / "tokenizer.json").unlink()
 
@@ -149,6 +153,7 @@ CASES = {
     offsets_disagree_with_shape: "needs",
     unknown_architecture: "LlamaForCausalLM",
     config_not_json: "not valid JSON",
+    preprocessor_not_json: "preprocessor_config.json: not valid JSON",
     missing_tokenizer: "tokenizer.json",
     empty_folder: "empty",
     shapes_contradict_config: "expected shape",

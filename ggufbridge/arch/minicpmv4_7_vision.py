@@ -7,14 +7,13 @@ is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
 from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
-from ggufbridge.checkpoint.model_dir import ModelDir
+from ggufbridge.checkpoint.model_dir import ModelDir, load_json
 from ggufbridge.checkpoint.safetensors import TensorRef, to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
 
@@ -62,15 +61,7 @@ class VisionParams:
 
 def read_preprocessor(md: ModelDir) -> dict:
     path = md.file("preprocessor_config.json")
-    if path is None:
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
+    return {} if path is None else load_json(path, "the image processor configuration")
 
 
 def _triple(pre: Cfg, key: str) -> tuple[float, float, float]:
