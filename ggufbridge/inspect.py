@@ -309,7 +309,7 @@ def file_type_name(ft: int) -> str:
         return "unknown"
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
@@ -318,7 +318,7 @@ def _size(n: int) -> str:
 
 def format_report(r: Report) -> str:
     lines = [
-        f"file          {r.path}  ({_size(r.file_bytes)})",
+        f"file          {r.path}  ({human_size(r.file_bytes)})",
         f"role          {r.role}",
         f"architecture  {r.architecture}",
     ]
@@ -346,9 +346,9 @@ def format_report(r: Report) -> str:
         own = [n for n, f in (("embeddings", c["own_embeddings"]), ("output head", c["own_head"])) if f]
         lines.append(f"  {'own':<18} {', '.join(own) if own else 'none (shares the target embeddings and head)'}"
                      + (f"; draft vocabulary {c['draft_vocab']} (d2t)" if c["draft_vocab"] else ""))
-    lines.append(f"tensors       {r.tensor_count}, {_size(r.tensor_bytes)}")
+    lines.append(f"tensors       {r.tensor_count}, {human_size(r.tensor_bytes)}")
     for c in r.components:
-        lines.append(f"  {c['component']:<34} {c['count']:>6}  {_size(c['bytes']):>12}")
+        lines.append(f"  {c['component']:<34} {c['count']:>6}  {human_size(c['bytes']):>12}")
     lines.append("types         " + ", ".join(f"{k} × {v}" for k, v in r.types.items()))
     if r.quantisation:
         from ggufbridge.quant.report import format_quant_dict

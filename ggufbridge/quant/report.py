@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ggufbridge.inspect import GGUFHeader, read_header
+from ggufbridge.inspect import GGUFHeader, human_size, read_header
 from ggufbridge.quant.classes import CLASSES, OTHER, classify
 
 # metadata keys ggufbridge's quantiser writes into its results
@@ -75,13 +75,6 @@ def quant_report(source: str | GGUFHeader) -> QuantReport:
         rows=rows, bpw=8 * sum(r.bytes for r in rows) / total_params if total_params else 0.0)
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
 def format_quant_report(r: QuantReport) -> str:
     return format_quant_dict(r.to_dict())
 
@@ -94,6 +87,6 @@ def format_quant_dict(d: dict) -> str:
              f"  {'class':<40} {'count':>5}  {'stored as':<24} {'bpw':>6} {'bytes':>11} {'share':>7}"]
     for row in d["rows"]:
         lines.append(f"  {row['label']:<40} {row['count']:>5}  {row['types_text']:<24} {row['bpw']:>6.2f} "
-                     f"{_size(row['bytes']):>11} {100 * row['share']:>6.2f}%")
+                     f"{human_size(row['bytes']):>11} {100 * row['share']:>6.2f}%")
     lines += [f"  fallback: {f}" for f in d["fallbacks"]]
     return "\n".join(lines)
