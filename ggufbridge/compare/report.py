@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from ggufbridge.compare.metrics import FIGURES
+from ggufbridge.inspect import human_size
 
 # column header -> summary key, in the cards' order
 COLUMNS = {
@@ -21,6 +22,16 @@ COLUMNS = {
     "PPL ratio": "ppl_ratio",
 }
 PERCENT = {"top1", "top5_overlap"}
+# how each backend counts its bits per weight; said under the table when backends are mixed
+BPW_ACCOUNTING = {
+    "gguf": "GGUF: 8 × tensor bytes / elements over the whole file (embeddings, norms and head included)",
+    "exl3": "EXL3: exllamav3's own figure, over its quantised linear layers only (embeddings, stored at 16 bits, "
+            "and the head excluded)",
+}
+
+
+def _backend(spec: str) -> str:
+    return spec.partition(":")[0] if ":" in spec else "gguf"
 
 
 def to_json(cmp) -> dict:
@@ -73,13 +84,15 @@ def _fmt(key: str, v) -> str:
     return f"{v:.4g}" if v >= 1e-3 or v == 0 else f"{v:.3e}"
 
 
-def _row(name: str, bpw, s: dict) -> str:
+def _row(name: str, bpw, s: dict, size: int | None | bool = False) -> str:
+    """One table line; `size` (bytes, or None for unknown) adds the size column of the main table."""
     bits = f"{bpw:.2f}" if bpw is not None else "–"
-    return "| " + " | ".join([name, bits, *(_fmt(k, s.get(k)) for k in COLUMNS.values())]) + " |"
+    extra = [] if size is False else [human_size(size) if size else "–"]
+    return "| " + " | ".join([name, bits, *extra, *(_fmt(k, s.get(k)) for k in COLUMNS.values())]) + " |"
 
 
-def _header(first: str) -> list[str]:
-    cols = [first, "bpw", *COLUMNS]
+def _header(first: str, size: bool = False) -> list[str]:
+    cols = [first, "bpw", *(["size"] if size else []), *COLUMNS]
     return ["| " + " | ".join(cols) + " |", "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|"]
 
 
@@ -88,13 +101,17 @@ def to_markdown(cmp) -> str:
         f"Reference: `{cmp.reference}` · eval: `{cmp.eval_source}` · {cmp.n_rows} rows × ≤{cmp.ctx} tokens = "
         f"{cmp.n_tokens} tokens",
         "",
-        *_header("Model"),
+        *_header("Model", size=True),
     ]
     for r in cmp.results:
-        lines.append(_row(r.label, r.bits_per_weight, r.summary))
+        lines.append(_row(r.label, r.bits_per_weight, r.summary, r.file_bytes))
     if cmp.floor is not None:
-        lines.append(_row("BF16 vs FP32 (numerics floor)", 16.0, cmp.floor))
+        lines.append(_row("BF16 vs FP32 (numerics floor)", 16.0, cmp.floor, None))
     lines += ["", f"Numerics floor: {cmp.floor_note}."]
+    backends = sorted({_backend(r.spec) for r in cmp.results})
+    if len(backends) > 1:
+        lines += ["", "bpw is each backend's own accounting, so compare across backends by size: " + "; ".join(
+            BPW_ACCOUNTING.get(b, f"{b.upper()}: its source's figure") for b in backends) + "."]
     lines += [f"Note: {n}." for n in cmp.notes]
     for r in cmp.results:
         s = r.summary
@@ -116,7 +133,8 @@ def write_markdown(cmp, path) -> None:
 
 
 def write_plot(cmp, path) -> None:
-    """KL distribution per kind (one panel per candidate); with several candidates, KL mean against bpw."""
+    """KL distribution per kind (one panel per candidate); with several candidates, KL mean against size: file
+    bytes when every candidate has them (bits per weight are counted differently by different backends), else bpw."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,10 +165,12 @@ def write_plot(cmp, path) -> None:
     if several:
         ax = panels[n_panels - 1]
         families: dict[str, list] = {}  # one line per backend: GGUF files, EXL3 packs, ...
+        by_size = all(r.file_bytes for r in cmp.results)
         for r in cmp.results:
-            if r.bits_per_weight and r.summary.get("kl_mean") is not None:
-                fam = r.spec.partition(":")[0] if ":" in r.spec else "gguf"
-                families.setdefault(fam.upper(), []).append((r.bits_per_weight, r.summary["kl_mean"], r.label))
+            x = r.file_bytes / 2**20 if by_size else r.bits_per_weight
+            if x and r.summary.get("kl_mean") is not None:
+                name = f"{r.label} ({r.bits_per_weight:.2f} bpw)" if by_size and r.bits_per_weight else r.label
+                families.setdefault(_backend(r.spec).upper(), []).append((x, r.summary["kl_mean"], name))
         for fam, pts in sorted(families.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=fam)
@@ -160,7 +180,7 @@ def write_plot(cmp, path) -> None:
             ax.axhline(cmp.floor["kl_mean"], color="grey", ls="--", label="BF16 vs FP32 floor")
         ax.legend(fontsize=7)
         ax.set_yscale("log")
-        ax.set_xlabel("bits per weight")
+        ax.set_xlabel("file size, MiB" if by_size else "bits per weight")
         ax.set_ylabel("KL mean")
         ax.set_title("KL against size", fontsize=9)
     fig.tight_layout()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Local side of docs/compare.md's EXL3-against-GGUF run (CPU, ~1 minute once the runtime is built): the synthetic
+# checkpoint, its GGUFs, the eval rows, the transformers reference dump (+ BF16 floor) and the wheels the device
+# lacks. Then: scripts/gpu/exl3_vs_gguf.sh on the device, and the merge command in docs/compare.md.
+#   bash scripts/gpu/exl3_prep.sh [DIR]            (default gpu_exl3; keep DIR and .whl in .git/info/exclude)
+set -euo pipefail
+D=${1:-gpu_exl3}; P=.venv/bin/python; G=.venv/bin/ggufbridge
+mkdir -p "$D"
+# every matrix row a multiple of 256 (EXL3 tiles and K-quants), small vocabulary, bf16 (29 MB)
+[ -d "$D/ckpt" ] || $P -c "from ggufbridge.fixtures.checkpoint import make_minicpmv47 as m; m('$D/ckpt', 'ksafe', vocab='small', dtype='bfloat16')"
+$G convert "$D/ckpt" -o "$D/f16" --outtype f16 --no-mmproj --no-progress
+$G convert "$D/ckpt" -o "$D/q8" --outtype q8_0 --no-mmproj --no-progress
+cp "$D"/q8/*.gguf "$D/ksafe-Q8_0.gguf"
+for t in Q4_K_M Q6_K; do $G quantize "$D"/f16/*-F16.gguf -o "$D/ksafe-$t.gguf" --quant $t > /dev/null; done
+$G quantize "$D"/f16/*-F16.gguf -o "$D/ksafe-hq4.gguf" --recipe hq4 > /dev/null
+# the published run's 48 rows of 256 token ids (small vocabulary): 24 of ggufbridge/compare/*.py (kind "code"),
+# 24 of docs/compare.md, quant.md, vision.md and README.md (kind "prose") as they were on 2026-11-29, frozen as ids
+ROWS=${ROWS:-docs/compare-exl3-vs-gguf.rows.jsonl}
+# the reference dump travels to the device: K=64 + 32 samples keeps it at ~10 MB
+$G dump-logits --model "hf:$D/ckpt" --eval "$ROWS" --ctx 256 --top-k 64 --samples 32 \
+  -o "$D/hf.safetensors" --rows-out "$D/rows.jsonl" --no-progress
+# wheels exllamav3 needs that the device image lacks (llguidance >= 1.7 is built for manylinux_2_31 only)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .whl exllamav3==1.6.5 marisa-trie "llguidance>=1.7.0" pydantic pydantic-core \
+  annotated-types typing-inspection typing-extensions
+du -ch "$D/ckpt" "$D/hf.safetensors" "$D/rows.jsonl" .whl | tail -1

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Device command for docs/compare.md's H200 run (carry .whl and gpu_exl3; see the steps there): install the carried
+# wheels, build exllamav3's CUDA extension (or reuse one carried back from an earlier run), quantise the synthetic
+# checkpoint to EXL3 at each bit width, compare the packs with the hf reference dump and dump their logits.
+#   bash scripts/gpu/exl3_vs_gguf.sh [DIR] [BITS...]      (defaults: gpu_exl3, 4.0 6.0)
+set -uo pipefail
+D=${1:-gpu_exl3}; shift || true
+BITS=("${@:-4.0 6.0}"); BITS=(${BITS[*]})
+OUT=${OUT:-/tmp/exl3-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 \
+  TORCH_EXTENSIONS_DIR=/tmp/torch_ext TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+# exllamav3 imports a module named exllamav3_ext from sys.path instead of compiling when one is there
+if ls "$D"/ext/exllamav3_ext.so.part* >/dev/null 2>&1; then
+  mkdir -p /tmp/extmod && cat "$D"/ext/exllamav3_ext.so.part* > /tmp/extmod/exllamav3_ext.so
+  export PYTHONPATH=/tmp/extmod:$PYTHONPATH
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+t=$SECONDS
+python3 -c "import exllamav3, exllamav3.ext; print('exllamav3', exllamav3.__version__ if hasattr(exllamav3, '__version__') else '?')" \
+  2>&1 | tail -20 || exit 1
+echo "exllamav3 import (extension build if not carried): $((SECONDS - t)) s"
+so=$(find /tmp/torch_ext -name 'exllamav3_ext*.so' 2>/dev/null | head -1)
+# bring a fresh build back in parts under the 16 MiB per-file limit of $OUT
+[ -n "$so" ] && split -b 15M -d "$so" "$OUT/exllamav3_ext.so.part"
+packs=()
+for b in "${BITS[@]}"; do
+  t=$SECONDS
+  python3 -m ggufbridge.compare.exl3 quantize "$D/ckpt" "/tmp/exl3-$b" "$b" > "/tmp/quant-$b.log" 2>&1 \
+    || { tail -40 "/tmp/quant-$b.log"; cp "/tmp/quant-$b.log" "$OUT/"; exit 1; }
+  echo "quantise $b bpw: $((SECONDS - t)) s"; grep -iE "bpw|bits per weight" "/tmp/quant-$b.log" | tail -3
+  packs+=("exl3:/tmp/exl3-$b")
+done
+python3 -m ggufbridge compare "${packs[@]}" --reference "logits:$D/hf.safetensors" --eval "$D/rows.jsonl" --ctx 256 \
+  --no-progress --json "$OUT/exl3.json" --markdown "$OUT/exl3.md" || exit 1
+for b in "${BITS[@]}"; do
+  python3 -m ggufbridge dump-logits --model "exl3:/tmp/exl3-$b" --eval "$D/rows.jsonl" --ctx 256 --top-k 64 \
+    --samples 32 --no-progress -o "$OUT/exl3-$b.safetensors" || exit 1
+done
