@@ -122,7 +122,7 @@ def test_exl3_pack_against_gguf_and_hf(make_ckpt, tmp_path):
     from ggufbridge.cli import cli
     from ggufbridge.convert import convert
 
-    ckpt = make_ckpt("ksafe", vocab="small")
+    ckpt = make_ckpt("ksafe", vocab="small", dtype="bfloat16")  # exllamav3 wants bf16 (dt_bias)
     pack = exl3.quantize(ckpt, tmp_path / "exl3-6.0", bits=6.0)
     q8 = convert(ckpt, tmp_path / "q8", outtype="q8_0", mmproj=False, progress=False).path("target")
     ev = tmp_path / "eval.jsonl"

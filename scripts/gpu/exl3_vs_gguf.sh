@@ -11,9 +11,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 \
   TORCH_EXTENSIONS_DIR=/tmp/torch_ext TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
-# exllamav3 imports a module named exllamav3_ext from sys.path instead of compiling when one is there
-if ls "$D"/ext/exllamav3_ext.so.part* >/dev/null 2>&1; then
-  mkdir -p /tmp/extmod && cat "$D"/ext/exllamav3_ext.so.part* > /tmp/extmod/exllamav3_ext.so
+# exllamav3 imports a module named exllamav3_ext from sys.path instead of compiling when one is there: one
+# brought back by an earlier run (exllamav3_ext.so.gz, stripped) skips the ~5 min build
+if [ -f "$D/ext/exllamav3_ext.so.gz" ]; then
+  mkdir -p /tmp/extmod && gunzip -c "$D/ext/exllamav3_ext.so.gz" > /tmp/extmod/exllamav3_ext.so
   export PYTHONPATH=/tmp/extmod:$PYTHONPATH
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -23,8 +24,8 @@ python3 -c "import exllamav3, exllamav3.ext; print('exllamav3', exllamav3.__vers
   2>&1 | tail -20 || exit 1
 echo "exllamav3 import (extension build if not carried): $((SECONDS - t)) s"
 so=$(find /tmp/torch_ext -name 'exllamav3_ext*.so' 2>/dev/null | head -1)
-# bring a fresh build back in parts under the 16 MiB per-file limit of $OUT
-[ -n "$so" ] && split -b 15M -d "$so" "$OUT/exllamav3_ext.so.part"
+# bring a fresh build back, stripped and compressed (~15 MB, under the 16 MiB per-file limit of $OUT)
+[ -n "$so" ] && strip --strip-unneeded -o /tmp/ext.so "$so" && gzip -9c /tmp/ext.so > "$OUT/exllamav3_ext.so.gz"
 packs=()
 for b in "${BITS[@]}"; do
   t=$SECONDS
