@@ -294,7 +294,8 @@ def main(argv=None) -> int:
         files.append({"role": role, "path": fname, "bytes": w.nbytes, "sha256": w.sha256, "type": typ})
         print(f"{role}: {fname} {w.nbytes / 2**30:.2f} GiB {dict(sorted(w.types.items()))} "
               f"({time.time() - t0:.0f} s)", flush=True)
-    manifest = {"files": files, "source": {"synthetic": "make_fullsize_gguf.py", "shape": s.__dict__ | {
+    # no checkpoint was converted: "source" (checkpoint file -> sha256) stays empty, the recipe goes beside it
+    manifest = {"files": files, "source": {}, "synthetic": {"script": "make_fullsize_gguf.py", "shape": s.__dict__ | {
         "d_taps": list(s.d_taps)}, "quant": a.quant, "seed": a.seed}, "ggufbridge": "scripts"}
     (a.out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return 0

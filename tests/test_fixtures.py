@@ -418,3 +418,14 @@ def test_make_fixtures_cli(tmp_path):
     assert any(n.endswith("experts.gate_up_proj") for n in _safetensors_headers(out))
     bad = runner.invoke(module.main, ["x6", str(tmp_path / "b"), "--vocab", "small", "--max-shard-size", "lots"])
     assert bad.exit_code == 2 and "expected e.g. '20MB'" in bad.output and "Traceback" not in bad.output
+
+
+def test_unknown_spec_names_are_refused_with_the_known_ones():
+    from ggufbridge.errors import ConfigError
+    from ggufbridge.fixtures import checkpoint, dspark
+
+    for module, known in ((checkpoint, "tiny"), (dspark, "tiny")):
+        assert module.get_spec(known) is module.SPECS[known]
+        assert module.get_spec(module.SPECS[known]) is module.SPECS[known]
+        with pytest.raises(ConfigError, match=f"unknown .*'nope'; expected one of .*'{known}'"):
+            module.get_spec("nope")

@@ -61,10 +61,40 @@ def test_bad_manifests_are_refused(tmp_path, entries, message):
 
 def test_missing_or_broken_manifest_through_the_cli(tmp_path):
     res = CliRunner().invoke(cli, ["plan", str(tmp_path)])
-    assert res.exit_code == 2 and "manifest.json not found" in res.stderr
+    assert res.exit_code == 2 and "no manifest.json" in res.stderr
     (tmp_path / "manifest.json").write_text("{not json")
     res = CliRunner().invoke(cli, ["serve", str(tmp_path), "--dry-run"])
     assert res.exit_code == 2 and "not valid JSON" in res.stderr and "Traceback" not in res.output
     (tmp_path / "manifest.json").write_text("[]")
     res = CliRunner().invoke(cli, ["run", str(tmp_path), "-p", "x"])
     assert res.exit_code == 2 and 'expected an object with a "files" list' in res.stderr
+
+
+# Every reader of the manifest goes through ggufio.manifest.read_manifest: a manifest pointing outside OUT_DIR
+# (or naming checkpoint files outside the checkpoint) is refused by each of them, before any file is opened.
+def _readers():
+    from ggufbridge.quant.imatrix import target_of
+    from ggufbridge.quant.verify import verify
+    from ggufbridge.vision.bindings import resolve_files
+
+    return {"serve/run/plan": load_artifacts, "verify": verify, "imatrix": target_of, "run --image": resolve_files}
+
+
+@pytest.mark.parametrize("reader", ["serve/run/plan", "verify", "imatrix", "run --image"])
+@pytest.mark.parametrize("manifest, message", [
+    ({"files": [{"role": "target", "path": "../outside.gguf", "bytes": 2}]}, "relative path inside OUT_DIR"),
+    ({"files": [{"role": "target", "path": "t.gguf", "bytes": 2}], "source": {"../../etc/passwd": "00"}},
+     "inside the checkpoint folder"),
+    ({"files": [{"role": "target", "path": "t.gguf", "bytes": 2, "sha256": 7}]}, "sha256 expected a string"),
+    ({"files": [{"path": "t.gguf", "bytes": 2}]}, "role expected one of"),
+])
+def test_every_reader_refuses_a_manifest_reaching_outside(tmp_path, reader, manifest, message):
+    from ggufbridge.errors import GGUFBridgeError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "t.gguf").write_bytes(b"tt")
+    (tmp_path / "outside.gguf").write_bytes(b"oo")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(GGUFBridgeError, match=message):
+        _readers()[reader](out)

@@ -1,11 +1,23 @@
-"""The output folder's manifest.json (written by `convert`, read by `serve`/`plan`/`verify`) and file hashing."""
+"""The output folder's manifest.json (written by `convert`; read by `serve`/`run`/`plan`, `verify`, `imatrix` and
+`run --image`) and file hashing.
+
+Format: {"files": [{"role": "target"|"mmproj"|"draft", "path": <relative>, "bytes", "sha256", "type"}],
+"source": {<file name>: <sha256>}, "ggufbridge": <version>}. A manifest is untrusted input like a checkpoint:
+`read_manifest` checks its structure and that every path stays inside the folder; what a reader does about files
+that are missing or of the wrong size is its own policy (`serve` refuses, `verify` reports).
+"""
 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+import json
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from ggufbridge.errors import ManifestError
 
 MANIFEST = "manifest.json"
+ROLES = ("target", "mmproj", "draft")
 
 
 def sha256_file(path: Path) -> str:
@@ -14,3 +26,66 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(8 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One file of the manifest: `path` is inside the output folder; `sha256`/`type` may be absent."""
+
+    role: str
+    path: Path
+    rel: str
+    bytes: int
+    sha256: str | None
+    type: str | None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    files: dict[str, ManifestEntry]  # role -> entry; always holds "target"
+    source: dict[str, str] = field(default_factory=dict)  # checkpoint file name -> sha256
+
+
+def read_manifest(out_dir: str | Path) -> Manifest:
+    """Parse and check OUT_DIR/manifest.json (not the files it names); ManifestError naming the problem."""
+    out = Path(out_dir)
+    mpath = out / MANIFEST
+    if not mpath.is_file():
+        raise ManifestError(f"{out}: no {MANIFEST} (expected a folder written by `ggufbridge convert`)")
+    try:
+        data = json.loads(mpath.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{mpath} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        raise ManifestError(f"{mpath}: expected an object with a \"files\" list, found {type(data).__name__}"
+                            + ("" if not isinstance(data, dict) else f" with keys {sorted(data)}"))
+    files: dict[str, ManifestEntry] = {}
+    for i, entry in enumerate(data["files"]):
+        where = f"{mpath} files[{i}]"
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{where}: expected an object, found {entry!r}")
+        role, rel = entry.get("role"), entry.get("path")
+        if role not in ROLES:
+            raise ManifestError(f"{where}: role expected one of {', '.join(ROLES)}, found {role!r}")
+        if role in files:
+            raise ManifestError(f"{where}: a second {role!r} file; expected at most one per role")
+        if not isinstance(rel, str) or not rel or PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+            raise ManifestError(f"{where}: path expected a relative path inside OUT_DIR, found {rel!r}")
+        size = entry.get("bytes")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ManifestError(f"{where}: bytes expected a non-negative integer, found {size!r}")
+        digest, kind = entry.get("sha256"), entry.get("type")
+        for key, value in (("sha256", digest), ("type", kind)):
+            if value is not None and not isinstance(value, str):
+                raise ManifestError(f"{where}: {key} expected a string, found {value!r}")
+        files[role] = ManifestEntry(role, out / rel, rel, size, digest, kind)
+    if "target" not in files:
+        raise ManifestError(f"{mpath}: no file with role 'target'")
+    source = data.get("source") or {}
+    if not isinstance(source, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in source.items()):
+        raise ManifestError(f"{mpath}: source expected an object of file name -> sha256, found {source!r}")
+    for name in source:
+        if not name or PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+            raise ManifestError(f"{mpath}: source file name expected inside the checkpoint folder, found {name!r}")
+    return Manifest(mpath, files, source)

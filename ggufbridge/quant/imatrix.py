@@ -3,7 +3,6 @@ activation over a calibration text. llama-quantize weighs each weight's rounding
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import ManifestError, QuantError
-from ggufbridge.ggufio.manifest import MANIFEST
+from ggufbridge.ggufio.manifest import MANIFEST, read_manifest
 from ggufbridge.quant.quantize import _default_threads, _error_line
 
 log = logging.getLogger(__name__)
@@ -32,20 +31,10 @@ def target_of(out_dir: str | os.PathLike) -> Path:
     p = Path(out_dir)
     if p.is_file() and p.suffix == ".gguf":
         return p
-    man = p / MANIFEST
-    if not man.is_file():
-        raise ManifestError(f"{p}: no {MANIFEST} (expected a `ggufbridge convert` output folder or a .gguf file)")
-    try:
-        files = json.loads(man.read_text())["files"]
-        entry = next(f for f in files if f.get("role") == "target")
-    except (ValueError, KeyError, TypeError):
-        raise ManifestError(f"{man}: malformed (expected files[] with a role 'target' entry)") from None
-    except StopIteration:
-        raise ManifestError(f"{man}: names no target file") from None
-    path = p / entry["path"]
-    if not path.is_file():
-        raise ManifestError(f"{man} names {entry['path']}, which is missing")
-    return path
+    target = read_manifest(p).files["target"]
+    if not target.path.is_file():
+        raise ManifestError(f"{p / MANIFEST} names {target.rel}, which is missing")
+    return target.path
 
 
 def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None = None,

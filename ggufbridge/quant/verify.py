@@ -11,14 +11,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ggufbridge.errors import ManifestError
-from ggufbridge.ggufio.manifest import MANIFEST, sha256_file
+from ggufbridge.ggufio.manifest import Manifest, read_manifest, sha256_file
 
 COMPARABLE = {"F32", "F16", "BF16"}
 
@@ -60,43 +59,29 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def read_manifest(out_dir: Path) -> dict:
-    man = out_dir / MANIFEST
-    if not man.is_file():
-        raise ManifestError(f"{out_dir}: no {MANIFEST} (expected a `ggufbridge convert` output folder)")
-    try:
-        data = json.loads(man.read_text())
-    except ValueError as e:
-        raise ManifestError(f"{man}: not valid JSON ({e})") from None
-    files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, dict) and {"role", "path", "bytes", "sha256"} <= set(f)
-                                              for f in files):
-        raise ManifestError(f"{man}: expected files[] entries with role, path, bytes and sha256")
-    return data
-
-
-def _check_files(out_dir: Path, manifest: dict, report: VerifyReport) -> None:
-    for f in manifest["files"]:
-        path = out_dir / f["path"]
-        if not path.is_file():
-            report.files.append(FileCheck(f["role"], f["path"], False, "missing"))
+def _check_files(manifest: Manifest, report: VerifyReport) -> None:
+    for f in manifest.files.values():
+        if not f.path.is_file():
+            report.files.append(FileCheck(f.role, f.rel, False, "missing"))
             continue
-        size = path.stat().st_size
-        if size != f["bytes"]:
-            report.files.append(FileCheck(f["role"], f["path"], False, f"size {size}, manifest says {f['bytes']}"))
+        size = f.path.stat().st_size
+        if size != f.bytes:
+            report.files.append(FileCheck(f.role, f.rel, False, f"size {size}, manifest says {f.bytes}"))
             continue
-        digest = sha256_file(path)
-        ok = digest == f["sha256"]
-        report.files.append(FileCheck(f["role"], f["path"], ok, "sha256 matches" if ok else
-                                      f"sha256 {digest[:16]}…, manifest says {f['sha256'][:16]}…"))
-    leftovers = sorted(p.name for p in out_dir.iterdir() if p.name.endswith(".part"))
+        if f.sha256 is None:
+            report.files.append(FileCheck(f.role, f.rel, False, "no sha256 in the manifest"))
+            continue
+        digest = sha256_file(f.path)
+        ok = digest == f.sha256
+        report.files.append(FileCheck(f.role, f.rel, ok, "sha256 matches" if ok else
+                                      f"sha256 {digest[:16]}…, manifest says {f.sha256[:16]}…"))
+    leftovers = sorted(p.name for p in manifest.path.parent.iterdir() if p.name.endswith(".part"))
     if leftovers:
         report.notes.append(f"half-written temporary files present: {', '.join(leftovers)}")
 
 
-def _check_source_hashes(md_path: Path, manifest: dict, report: VerifyReport) -> None:
-    recorded = manifest.get("source") or {}
-    for name, digest in sorted(recorded.items()):
+def _check_source_hashes(md_path: Path, manifest: Manifest, report: VerifyReport) -> None:
+    for name, digest in sorted(manifest.source.items()):
         p = md_path / name
         if not p.is_file():
             report.source_files.append(FileCheck("source", name, False, "missing from the source folder"))
@@ -171,7 +156,7 @@ def verify(out_dir, source=None, draft=None) -> VerifyReport:
         raise ManifestError(f"{out_dir}: not a folder")
     manifest = read_manifest(out_dir)
     report = VerifyReport(out_dir)
-    _check_files(out_dir, manifest, report)
+    _check_files(manifest, report)
     if source is None:
         report.notes.append("no --source given: tensors were not compared with the checkpoint")
         return report
@@ -181,7 +166,7 @@ def verify(out_dir, source=None, draft=None) -> VerifyReport:
 
     md = ModelDir.open(source)
     _check_source_hashes(md.path, manifest, report)
-    roles = {f["role"]: f for f in manifest["files"]}
+    roles = manifest.files
     # outtype only names files and sets general.file_type; every tensor's build() is independent of it
     outputs = plan_outputs(md, outtype="f32", basename=None, draft=draft if "draft" in roles else None,
                            mmproj="mmproj" in roles)
@@ -191,7 +176,7 @@ def verify(out_dir, source=None, draft=None) -> VerifyReport:
         entry = roles.get(o.role)
         if entry is None:
             continue
-        path = out_dir / entry["path"]
+        path = entry.path
         if not path.is_file():
             continue
         plan = o.plan

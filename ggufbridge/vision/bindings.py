@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufbridge.errors import VisionModelError
+from ggufbridge.errors import ManifestError, VisionModelError
 from ggufbridge.vision import positions as P
 from ggufbridge.vision.preprocess import ImageCrops, SliceConfig, SlicePlan, load_image, make_crops
 
@@ -519,20 +519,19 @@ def chat_parts(images: list, prompt: str) -> list:
 
 def resolve_files(out_dir) -> tuple[Path, Path]:
     """The target and mmproj GGUFs of a `ggufbridge convert` output folder (from manifest.json)."""
-    import json
+    from ggufbridge.ggufio.manifest import read_manifest
 
     d = Path(out_dir)
-    man = d / "manifest.json"
-    if not man.is_file():
-        raise VisionModelError(f"{d}: no manifest.json (expected a `ggufbridge convert` output folder)")
-    files = {f["role"]: d / f["path"] for f in json.loads(man.read_text()).get("files", [])}
+    try:
+        files = read_manifest(d).files
+    except ManifestError as e:
+        raise VisionModelError(str(e)) from None
+    if "mmproj" not in files:
+        raise VisionModelError(f"{d}: manifest.json lists no mmproj file (converted with --no-mmproj?)")
     for role in ("target", "mmproj"):
-        if role not in files:
-            raise VisionModelError(f"{d}: manifest.json lists no {role} file" +
-                                   (" (converted with --no-mmproj?)" if role == "mmproj" else ""))
-        if not files[role].is_file():
-            raise VisionModelError(f"{files[role]}: listed in manifest.json but missing")
-    return files["target"], files["mmproj"]
+        if not files[role].path.is_file():
+            raise VisionModelError(f"{files[role].path}: listed in manifest.json but missing")
+    return files["target"].path, files["mmproj"].path
 
 
 def run_image(out_dir, image, prompt: str, *, n_predict: int = 256, temp: float = 0.0, seed: int = 0,
