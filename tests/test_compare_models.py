@@ -245,6 +245,7 @@ def test_several_files_table_and_plot(ggufs, small_ckpt, eval_file, tmp_path):
     assert [x["label"] for x in r["results"]] == [ggufs["f32"].name, ggufs["q8_0"].name]
     f32, q8 = r["results"]
     assert f32["bits_per_weight"] == pytest.approx(32.0) and 8.0 < q8["bits_per_weight"] < 9.0
+    assert f32["family"] == q8["family"] == "GGUF"  # converter output, no ggufbridge quantisation recipe
     assert q8["kl_mean"] > f32["kl_mean"]
     assert r["kl_mean"] == f32["kl_mean"]  # top level = first candidate
     assert out.count(ggufs["q8_0"].name) >= 2

@@ -40,7 +40,7 @@ def to_json(cmp) -> dict:
     results = []
     for r in cmp.results:
         results.append({"label": r.label, "candidate": r.spec, "bits_per_weight": r.bits_per_weight,
-                        "file_bytes": r.file_bytes, **r.summary})
+                        "file_bytes": r.file_bytes, "family": r.family, **r.summary})
     first = results[0]
     return {
         **{k: first[k] for k in (*FIGURES, "n_rows", "n_tokens")},
@@ -139,17 +139,18 @@ def write_plot(cmp, path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     several = len(cmp.results) > 1
     with_kl = [r for r in cmp.results if r.kl_by_kind]  # merged results carry no per-position KL
-    n_panels = len(with_kl) + (1 if several else 0)
-    ncols = min(3, n_panels)
-    nrows = -(-n_panels // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4 * nrows), squeeze=False)
-    panels = list(axes.ravel())
-    for ax in panels[n_panels:]:
-        ax.set_visible(False)
+    ncols = max(1, min(3, len(with_kl)))
+    nrows = -(-len(with_kl) // ncols)
+    # with several candidates the KL-against-size panel comes first, across the whole width
+    top = 1 if several else 0
+    fig = plt.figure(figsize=(5.5 * max(ncols, 2 if several else 1), 4 * nrows + 5 * top))
+    grid = fig.add_gridspec(nrows + top, ncols, height_ratios=[1.25] * top + [1] * nrows)
+    panels = [fig.add_subplot(grid[top + i // ncols, i % ncols]) for i in range(len(with_kl))]
     for ax, r in zip(panels, with_kl):
         for kind, kl in r.kl_by_kind.items():
             kl = np.maximum(kl, 1e-12)  # log axis
@@ -163,23 +164,26 @@ def write_plot(cmp, path) -> None:
         ax.set_title(r.label, fontsize=9)
         ax.legend(fontsize=7)
     if several:
-        ax = panels[n_panels - 1]
+        ax = fig.add_subplot(grid[0, :])
         families: dict[str, list] = {}  # one line per backend: GGUF files, EXL3 packs, ...
         by_size = all(r.file_bytes for r in cmp.results)
         for r in cmp.results:
             x = r.file_bytes / 2**20 if by_size else r.bits_per_weight
             if x and r.summary.get("kl_mean") is not None:
                 name = f"{r.label} ({r.bits_per_weight:.2f} bpw)" if by_size and r.bits_per_weight else r.label
-                families.setdefault(_backend(r.spec).upper(), []).append((x, r.summary["kl_mean"], name))
+                families.setdefault(r.family or _backend(r.spec).upper(), []).append((x, r.summary["kl_mean"], name))
         for fam, pts in sorted(families.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=fam)
             for x, y, name in pts:
-                ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                ax.annotate(name, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
         if cmp.floor is not None:
             ax.axhline(cmp.floor["kl_mean"], color="grey", ls="--", label="BF16 vs FP32 floor")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
         ax.set_yscale("log")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("file size, MiB" if by_size else "bits per weight")
         ax.set_ylabel("KL mean")
         ax.set_title("KL against size", fontsize=9)

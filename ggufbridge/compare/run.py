@@ -48,6 +48,10 @@ def default_chunk(vocab_size: int, ctx: int) -> int:
     return max(1, min(ctx, CHUNK_ELEMENTS // max(1, vocab_size)))
 
 
+# keys of a JSON result that describe the candidate rather than its figures
+RESULT_KEYS = ("label", "candidate", "bits_per_weight", "file_bytes", "family")
+
+
 @dataclass
 class Result:
     """One candidate's comparison: `summary` holds the JSON figures, `kl_by_kind` the per-position KL."""
@@ -58,6 +62,7 @@ class Result:
     kl_by_kind: dict[str, np.ndarray]
     bits_per_weight: float | None = None
     file_bytes: int | None = None
+    family: str | None = None  # plot grouping (Source.family); None: by backend
 
 
 @dataclass
@@ -163,7 +168,7 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
                 check_compatible(ref, cand, rows, text)
                 acc = _compare_one(ref, cand, rows, chunk, progress, _label(spec))
                 results.append(Result(_label(spec), spec, acc.summary(), acc.kl_by_kind(), cand.bits_per_weight,
-                                      _size_bytes(spec)))
+                                      _size_bytes(spec), cand.family))
         floor_summary, floor_note = None, ""
         if ref_kind == "hf" and floor is not False:
             with open_source(f"hf:{ref_path}", n_ctx=ctx, chunk=chunk, hf_dtype="bfloat16") as bf16:
@@ -214,9 +219,9 @@ def merge(cmp: Comparison, other: dict, source: str) -> None:
             raise LogitsMismatch(f"{source}: {key} {str(other.get(key))[:12]} differs from this run's {mine[:12]} "
                                  "(results made on another eval set or against another reference)")
     for r in other.get("results", []):
-        summary = {k: v for k, v in r.items() if k not in ("label", "candidate", "bits_per_weight", "file_bytes")}
+        summary = {k: v for k, v in r.items() if k not in RESULT_KEYS}
         cmp.results.append(Result(r["label"], r["candidate"], summary, {}, r.get("bits_per_weight"),
-                                  r.get("file_bytes")))
+                                  r.get("file_bytes"), r.get("family")))
     cmp.notes.append(f"merged {len(other.get('results', []))} result(s) from {source}")
 
 

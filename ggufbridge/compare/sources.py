@@ -53,6 +53,7 @@ class Source(ABC):
     spec: str
     vocab_size: int
     bits_per_weight: float | None = None
+    family: str | None = None  # how plots group candidates (one line per family); None: by backend
 
     def tokenize(self, text: str) -> list[int] | None:
         """Token ids of `text` without BOS, or None if this source has no tokenizer."""
@@ -127,7 +128,9 @@ class GGUFSource(Source):
         self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
                                    verbose=False)
         self.vocab_size = int(self.llm.n_vocab())
-        self.bits_per_weight = gguf_bits_per_weight(path)
+        self.bits_per_weight, recipe = gguf_bits_per_weight(path), gguf_recipe(path)
+        # files from a ggufbridge recipe (hq4, hq3, ...) form their own line beside llama.cpp's mixes
+        self.family = "GGUF, ggufbridge recipes" if recipe else "GGUF"
 
     def tokenize(self, text):
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
@@ -151,6 +154,14 @@ class GGUFSource(Source):
         if llm is not None:
             llm.close()
             self.llm = None
+
+
+def gguf_recipe(path: Path) -> str | None:
+    """The ggufbridge quantisation recipe a GGUF was made with (`ggufbridge.quant.recipe`), if any."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("ggufbridge.quant.recipe")
+    return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None and field.data else None
 
 
 def gguf_bits_per_weight(path: Path) -> float:

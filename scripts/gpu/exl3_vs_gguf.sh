@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Device command for docs/compare.md's H200 run (carry .whl and gpu_exl3; see the steps there): install the carried
-# wheels, build exllamav3's CUDA extension (or reuse one carried back from an earlier run), quantise the synthetic
-# checkpoint to EXL3 at each bit width, compare the packs with the hf reference dump and dump their logits.
-#   bash scripts/gpu/exl3_vs_gguf.sh [DIR] [BITS...]      (defaults: gpu_exl3, 4.0 6.0)
+# Device command for docs/compare.md's H200 run (carry .whl and DIR = gpu_exl3/device from exl3_prep.sh): install
+# the carried wheels, build exllamav3's CUDA extension (or reuse DIR/ext/exllamav3_ext.so.gz from an earlier run),
+# quantise DIR/ckpt to EXL3 at each bit width, compare the packs with the hf reference dump and dump their logits.
+#   bash scripts/gpu/exl3_vs_gguf.sh [DIR] [BITS...]      (defaults: gpu_exl3/device, 4.0 6.0)
 set -uo pipefail
-D=${1:-gpu_exl3}; shift || true
+D=${1:-gpu_exl3/device}; shift || true
 BITS=("${@:-4.0 6.0}"); BITS=(${BITS[*]})
 OUT=${OUT:-/tmp/exl3-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

