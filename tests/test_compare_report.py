@@ -80,10 +80,10 @@ def test_plot_falls_back_to_bpw_without_sizes(tmp_path, monkeypatch):
 
 
 def test_recipe_files_get_their_own_family(tmp_path, monkeypatch):
-    """gguf_recipe reads the key `ggufbridge quantize --recipe` writes; the plot draws such files as their own line."""
+    """gguf_facts reads the key `ggufbridge quantize --recipe` writes; the plot draws such files as their own line."""
     import gguf
 
-    from ggufbridge.compare.sources import gguf_recipe
+    from ggufbridge.compare.sources import gguf_facts
 
     for name, recipe in (("plain.gguf", None), ("hq4.gguf", "hq4")):
         w = gguf.GGUFWriter(str(tmp_path / name), "qwen35moe")
@@ -94,7 +94,7 @@ def test_recipe_files_get_their_own_family(tmp_path, monkeypatch):
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        assert gguf_recipe(tmp_path / name) == recipe
+        assert gguf_facts(tmp_path / name) == (32.0, recipe)
     cmp = _comparison(MIXED + [("a-hq4.gguf", "gguf:a-hq4.gguf", 5.10, 5_386_304, 0.2)])
     cmp.results[2].family = "GGUF, ggufbridge recipes"
     drawn = _plot_xs(cmp, tmp_path, monkeypatch)

@@ -128,7 +128,7 @@ class GGUFSource(Source):
         self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
                                    verbose=False)
         self.vocab_size = int(self.llm.n_vocab())
-        self.bits_per_weight, recipe = gguf_bits_per_weight(path), gguf_recipe(path)
+        self.bits_per_weight, recipe = gguf_facts(path)
         # files from a ggufbridge recipe (hq4, hq3, ...) form their own line beside llama.cpp's mixes
         self.family = "GGUF, ggufbridge recipes" if recipe else "GGUF"
 
@@ -156,22 +156,17 @@ class GGUFSource(Source):
             self.llm = None
 
 
-def gguf_recipe(path: Path) -> str | None:
-    """The ggufbridge quantisation recipe a GGUF was made with (`ggufbridge.quant.recipe`), if any."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(path)).fields.get("ggufbridge.quant.recipe")
-    return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None and field.data else None
-
-
-def gguf_bits_per_weight(path: Path) -> float:
-    """8 × tensor bytes / tensor elements over every tensor of a GGUF file."""
+def gguf_facts(path: Path) -> tuple[float, str | None]:
+    """(bits per weight: 8 × tensor bytes / tensor elements over every tensor, the ggufbridge quantisation recipe
+    the file was made with (`ggufbridge.quant.recipe`) or None), from the GGUF header."""
     from gguf import GGUFReader
 
     r = GGUFReader(str(path))
     nbytes = sum(int(t.n_bytes) for t in r.tensors)
     nelem = sum(int(t.n_elements) for t in r.tensors)
-    return 8.0 * nbytes / nelem if nelem else float("nan")
+    field = r.fields.get("ggufbridge.quant.recipe")
+    recipe = bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None and field.data else None
+    return (8.0 * nbytes / nelem if nelem else float("nan")), recipe
 
 
 class LogitsSource(Source):
