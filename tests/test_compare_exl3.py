@@ -144,3 +144,41 @@ def test_exl3_pack_against_gguf_and_hf(make_ckpt, tmp_path):
                                  "--no-progress"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "s.json").read_text())["kl_mean"] < 1e-3
+
+
+@gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU and exllamav3 (GPU run only; see docs/compare.md)")
+def test_exl3_pack_named_as_minicpmv47_loads_through_the_shim(make_ckpt, tmp_path):
+    """A pack whose config.json is the 4.7 one (text_config nested, as an EXL3 release of the model ships it) goes
+    through install_shim and gives exactly the logits of the same pack read as Qwen3.5-MoE."""
+    import numpy as np
+
+    from ggufbridge.compare.evalset import Row
+    from ggufbridge.compare.sources import EXL3Source
+
+    ckpt = make_ckpt("ksafe", vocab="small", dtype="bfloat16")  # exllamav3 wants bf16 (dt_bias)
+    pack = exl3.quantize(ckpt, tmp_path / "exl3-4.0", bits=4.0)
+    as47 = tmp_path / "exl3-4.0-as-4.7"
+    as47.mkdir()
+    for f in pack.iterdir():
+        if f.name != "config.json":
+            (as47 / f.name).symlink_to(f.resolve())
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["quantization_config"] = json.loads((pack / "config.json").read_text())["quantization_config"]
+    (as47 / "config.json").write_text(json.dumps(cfg))
+    assert cfg["architectures"] == [exl3.ARCH] and "text_config" in cfg
+    row = Row(tuple(int(i) for i in np.random.default_rng(0).integers(0, 472, 200)))
+    logits = {}
+    for name, path in (("qwen35", pack), ("4.7", as47)):
+        src = EXL3Source(path, n_ctx=256)
+        try:
+            logits[name] = np.concatenate([c.logits for c in src.chunks(0, row, 64)])
+            if name == "4.7":
+                assert type(src.config).__name__ == "MiniCPMV47TextConfig"
+        finally:
+            src.close()
+    assert logits["4.7"].shape == (200, 512) and np.isfinite(logits["4.7"]).all()
+    # same weights, same kernels: equal up to run-to-run float noise of the GPU kernels
+    np.testing.assert_allclose(logits["4.7"], logits["qwen35"], rtol=0, atol=1e-3)
+    assert (logits["4.7"].argmax(-1) == logits["qwen35"].argmax(-1)).all()
