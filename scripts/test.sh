@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine (scripts/setup.sh) and runs the test suite. GPU tests (marker `gpu`) need CUDA and are
-# run on a GPU machine with: .venv/bin/python -m pytest -m gpu
+# run on the H200 device with scripts/gpu/pytest_gpu.sh (see docs/compare.md, "Tests")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
