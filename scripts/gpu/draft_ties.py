@@ -64,8 +64,7 @@ def main():
             sys.exit(f"at-k: llama-server {at_k['error']} (see {OUT}/server-at-k.log)")
     all_gaps = [gap(top) for t in plain for top in t["top"] if top]
     rows, at_k = [], iter(at_k)
-    for p, t, d, c in zip(prompts, plain, spec, control):
-        k = first_diff(t["tokens"], d["tokens"])  # as in ks
+    for p, t, d, c, k in zip(prompts, plain, spec, control, ks):
         kc = first_diff(t["tokens"][H:], c["tokens"])
         row = {"prompt_tokens": len(p), "drafted_first_diff": k, "drafts": d["draft_n"], "accepted": d["accepted"],
                "control_first_diff": None if kc is None else H + kc}
@@ -81,8 +80,7 @@ def main():
             row["control_deficit"] = deficit(t["top"][H + kc], c["tokens"][kc])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    deficits = {w: [r[f"{w}_deficit"] for r in rows if f"{w}_first_diff" in r and r[f"{w}_first_diff"] is not None]
-                for w in ("drafted", "control")}
+    deficits = {w: [r[f"{w}_deficit"] for r in rows if r[f"{w}_first_diff"] is not None] for w in ("drafted", "control")}
     known = [x for xs in deficits.values() for x in xs if x is not None]
     summary = {
         "positions": len(all_gaps),
