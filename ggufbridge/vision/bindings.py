@@ -157,24 +157,24 @@ def nearest_passable(hw: tuple[int, int], info: MmprojInfo) -> tuple[int, int]:
     return best
 
 
+def _fit_crop(size, info: MmprojInfo, strict: bool, what: str, notes: list[str], plural: str | None = None):
+    """`size` if the runtime takes it unchanged, else the nearest size it does (noted), or refuse with `strict`."""
+    if passes_unchanged(size, info):
+        return size
+    if strict:
+        raise VisionModelError(f"{what} {size[0]}×{size[1]} would be resized again by the runtime")
+    new = nearest_passable(size, info)
+    notes.append(f"{plural or what} {size[0]}×{size[1]} → {new[0]}×{new[1]}")
+    return new
+
+
 def fit_plan(plan: SlicePlan, info: MmprojInfo, strict: bool) -> tuple[SlicePlan, list[str]]:
     """Adjust crop sizes the runtime would resize again (or refuse with `strict`)."""
     notes = []
-    source = plan.source
-    if not passes_unchanged(source, info):
-        if strict:
-            raise VisionModelError(f"thumbnail {source[0]}×{source[1]} would be resized again by the runtime")
-        source = nearest_passable(source, info)
-        notes.append(f"thumbnail {plan.source[0]}×{plan.source[1]} → {source[0]}×{source[1]}")
+    source = _fit_crop(plan.source, info, strict, "thumbnail", notes)
     if plan.grid is None:
         return SlicePlan(source), notes
-    sl = plan.slice
-    if not passes_unchanged(sl, info):
-        if strict:
-            raise VisionModelError(f"slice {sl[0]}×{sl[1]} would be resized again by the runtime")
-        new = nearest_passable(sl, info)
-        notes.append(f"slices {sl[0]}×{sl[1]} → {new[0]}×{new[1]}")
-        sl = new
+    sl = _fit_crop(plan.slice, info, strict, "slice", notes, plural="slices")
     return SlicePlan(source, plan.grid, (sl[0] * plan.grid[0], sl[1] * plan.grid[1])), notes
 
 
