@@ -27,8 +27,18 @@ done
 CACHE="${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}"
 VARIANT=cpu
 [ "$CUDA" = 1 ] && VARIANT=cuda
-PREFIX="$CACHE/llama.cpp-$VERSION-$VARIANT"
-SRC="$CACHE/src/llama_cpp_python-$VERSION"
+# ggufbridge's patch series over the pinned tree (patches/llama.cpp/NNNN-*.patch, applied in order). Their hash
+# is part of the build's cache key: a changed, added or removed patch gives a new build folder.
+PATCH_DIR="$(cd "$(dirname "$0")/.." && pwd)/patches/llama.cpp"
+PATCHES=()
+[ -d "$PATCH_DIR" ] && while IFS= read -r f; do PATCHES+=("$f"); done < <(find "$PATCH_DIR" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' | sort)
+PHASH=none
+if [ ${#PATCHES[@]} -gt 0 ]; then
+  PHASH=$(for f in "${PATCHES[@]}"; do basename "$f"; cat "$f"; done | sha256sum | cut -c1-12)
+fi
+PREFIX="$CACHE/llama.cpp-$VERSION-$VARIANT-p$PHASH"
+SRC="$CACHE/src/llama_cpp_python-$VERSION"         # pristine sdist (also the bindings' Python sources)
+TREE="$CACHE/src/llama.cpp-$VERSION-p$PHASH"         # the vendored llama.cpp with the patches applied
 JOBS="${JOBS:-$(nproc)}"
 TOOLS=(llama-server llama-cli llama-mtmd-cli llama-quantize llama-imatrix llama-perplexity ggml-rpc-server)
 
@@ -47,6 +57,18 @@ if [ ! -f "$SRC/.extracted" ]; then
   touch "$SRC/.extracted"
 fi
 
+if [ ! -f "$TREE/.patched" ]; then
+  rm -rf "$TREE" "$TREE.tmp"
+  cp -r "$SRC/vendor/llama.cpp" "$TREE.tmp"
+  for f in "${PATCHES[@]}"; do
+    echo "build_runtime: applying $(basename "$f")"
+    patch -p1 --forward --batch --quiet -d "$TREE.tmp" <"$f" >"$TREE.patch.log" 2>&1 \
+      || { cat "$TREE.patch.log" >&2; echo "build_runtime: $(basename "$f") does not apply to the pinned tree" >&2; exit 1; }
+  done
+  touch "$TREE.tmp/.patched"
+  mv "$TREE.tmp" "$TREE"
+fi
+
 if [ ! -f "$PREFIX/runtime.json" ]; then
   args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
@@ -58,15 +80,17 @@ if [ ! -f "$PREFIX/runtime.json" ]; then
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   echo "build_runtime: configuring ($VARIANT) in $PREFIX/build"
-  cmake -S "$SRC/vendor/llama.cpp" -B "$PREFIX/build" "${gen[@]}" "${args[@]}" >"$PREFIX.configure.log" 2>&1 \
+  cmake -S "$TREE" -B "$PREFIX/build" "${gen[@]}" "${args[@]}" >"$PREFIX.configure.log" 2>&1 \
     || { tail -30 "$PREFIX.configure.log" >&2; exit 1; }
   echo "build_runtime: building ${TOOLS[*]} and the shared libraries with $JOBS jobs (a few minutes)"
   cmake --build "$PREFIX/build" -j "$JOBS" --target llama mtmd "${TOOLS[@]}" >"$PREFIX.build.log" 2>&1 \
     || { tail -40 "$PREFIX.build.log" >&2; exit 1; }
   backends='["cpu","rpc"]'
   [ "$CUDA" = 1 ] && backends='["cpu","rpc","cuda"]'
-  printf '{"version": "%s", "commit": "%s", "variant": "%s", "backends": %s, "bin": "%s"}\n' \
-    "$VERSION" "$COMMIT" "$VARIANT" "$backends" "$PREFIX/build/bin" >"$PREFIX/runtime.json"
+  plist=""
+  for f in "${PATCHES[@]}"; do plist="$plist${plist:+, }\"$(basename "$f" .patch)\""; done
+  printf '{"version": "%s", "commit": "%s", "variant": "%s", "backends": %s, "bin": "%s", "patches": [%s], "patch_hash": "%s"}\n' \
+    "$VERSION" "$COMMIT" "$VARIANT" "$backends" "$PREFIX/build/bin" "$plist" "$PHASH" >"$PREFIX/runtime.json"
 fi
 echo "build_runtime: runtime ready in $PREFIX/build/bin"
 

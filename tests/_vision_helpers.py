@@ -42,21 +42,6 @@ def hf_processor(ckpt: Path, downsample: str | None = None):
     return proc
 
 
-def hf_pixels(crops_list, patch: int = 14):
-    """NaViT-packed pixel_values [1, 3, P, N·P] and target_sizes for our uint8 crops (HF's normalisation)."""
-    import torch
-
-    pvs, ts = [], []
-    for crops in crops_list:
-        for c in crops.crops:
-            x = torch.tensor(c, dtype=torch.float32).permute(2, 0, 1) / 255.0
-            x = (x - 0.5) / 0.5
-            ch, h, w = x.shape
-            pvs.append(x.reshape(ch, h // patch, patch, w // patch, patch).permute(0, 2, 1, 3, 4).reshape(ch, patch, -1))
-            ts.append([h // patch, w // patch])
-    return torch.cat(pvs, -1).unsqueeze(0), torch.tensor(ts)
-
-
 def hf_crop_features(ref, pixel_values, target_sizes, downsample: str | None = None) -> list[np.ndarray]:
     """transformers' get_image_features, one crop at a time."""
     import torch
@@ -85,14 +70,3 @@ def kl_rows(ref_logits: np.ndarray, test_logits: np.ndarray) -> np.ndarray:
     """KL(reference ‖ test) per row."""
     lr, lt = log_softmax(ref_logits.astype(np.float64)), log_softmax(test_logits.astype(np.float64))
     return (np.exp(lr) * (lr - lt)).sum(-1)
-
-
-def hf_logits(ref, prompt, crops_list, downsample: str | None = None) -> np.ndarray:
-    import torch
-
-    pv, ts = hf_pixels(crops_list)
-    ids = torch.tensor([prompt.ids])
-    tt = torch.tensor([[1 if v else 0 for v in prompt.visual]])
-    with torch.no_grad():
-        o = ref(input_ids=ids, pixel_values=pv, target_sizes=ts, mm_token_type_ids=tt, downsample_mode=downsample)
-    return o.logits[0].float().numpy()

@@ -1,5 +1,5 @@
-"""Image prompts: preprocessing and prompt layout against transformers' processor, bad inputs, and end-to-end
-teacher-forced logits of the bindings path (canvas M-RoPE) against transformers."""
+"""Image prompts: bad inputs, and the patched runtime (libmtmd's slicing, layout and canvas M-RoPE, batched
+prefill) against transformers' processor, get_rope_index and logits, through the bindings."""
 
 from __future__ import annotations
 
@@ -10,33 +10,10 @@ import zlib
 import numpy as np
 import pytest
 
-from _vision_helpers import SPEC_THW, hf_logits, hf_pixels, hf_processor, kl_rows, random_image
+from _vision_helpers import SPEC_THW, hf_processor, kl_rows, random_image
 from ggufbridge.convert import convert
-from ggufbridge.errors import VisionInputError, VisionModelError
-from ggufbridge.vision.preprocess import SliceConfig, load_image, make_crops, plan_slices
-
-# --- preprocessing against the reference processor (fast) ---------------------------------------------------------
-
-SIZES = [(112, 112), (250, 130), (130, 250), (300, 300), (640, 200), (90, 60), (1000, 700), (113, 500)]
-
-
-@pytest.mark.parametrize("downsample", ["16x", "4x"])
-def test_crops_are_hf_pixels(tiny_ckpt, downsample):
-    proc = hf_processor(tiny_ckpt, downsample)
-    cfg = SliceConfig(112, 14, 4 if downsample == "16x" else 2)
-    for k, (w, h) in enumerate(SIZES):
-        img = random_image(w, h, seed=k)
-        want = proc(images=[img], text=["<unk>"], return_tensors="pt")
-        crops = make_crops(img, cfg)
-        pv, ts = hf_pixels([crops])
-        assert ts.tolist() == want["target_sizes"].tolist(), (w, h)
-        assert np.array_equal(pv.numpy(), want["pixel_values"].numpy()), (w, h)
-        # the grid shows in the placeholder text: slice rows are joined by a newline
-        grid = plan_slices((h, w), cfg).grid
-        text = proc.tokenizer.decode(want["input_ids"][0])
-        assert text.count("<slice>") == (grid[0] * grid[1] if grid else 0), (w, h)
-        assert text.count("\n") == (grid[0] - 1 if grid else 0), (w, h)
-
+from ggufbridge.errors import VisionInputError
+from ggufbridge.vision.preprocess import load_image
 
 def _png(w: int, h: int, body: bytes | None = None) -> bytes:
     def chunk(kind, data):
@@ -91,163 +68,159 @@ def test_pixel_limit_is_configurable(tmp_path):
         load_image(p, max_pixels=1000)
 
 
-# --- end to end through the bindings (slow) -------------------------------------------------------------------------
+# --- the patched runtime's layout, positions and logits, through the bindings (slow) ------------------------------
+
+SIZES = [(112, 112), (250, 130), (130, 250), (300, 300), (640, 200), (90, 60), (1000, 700), (113, 500)]
+IMAGES = [(130, 250), (300, 300), (112, 112)]  # 2×1 slices (row newline), 3×3 slices, unsliced
+
 
 @pytest.fixture(scope="module")
 def thw(tmp_path_factory):
-    """A checkpoint whose M-RoPE rotates t, h and w, converted: text F32, mmproj F32."""
+    """A checkpoint whose M-RoPE rotates t, h and w, converted: text F32, mmproj F32 (16x), and a 4x mmproj."""
     from ggufbridge.fixtures.checkpoint import load_reference, make_minicpmv47
 
     ck = make_minicpmv47(tmp_path_factory.mktemp("thw-ck"), SPEC_THW)
     res = convert(ck, tmp_path_factory.mktemp("thw-out"), outtype="f32", mmproj_outtype="f32", progress=False)
-    return ck, res, load_reference(ck)
+    res4 = convert(ck, tmp_path_factory.mktemp("thw-out4"), outtype="f32", mmproj_outtype="f32", downsample="4x",
+                   progress=False)
+    return ck, res, res4, load_reference(ck)
 
 
 def _session(res, **kw):
     from ggufbridge.vision.bindings import VisionSession
 
-    return VisionSession(res.path("target"), res.path("mmproj"), n_ctx=1024, **kw)
+    return VisionSession(res.path("target"), res.path("mmproj"), n_ctx=2048, **kw)
 
 
-IMAGES = [(130, 250), (300, 300), (112, 112)]  # 2×1 slices (row newline), 3×3 slices, unsliced
+def _chat(placeholder: str, n_images: int, question: str) -> str:
+    """ChatML user turn, images first (each followed by a newline), as both sides see it."""
+    return ("<|im_start|>user\n" + (placeholder + "\n") * n_images + question
+            + "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def _flat(chunks):
+    """Token ids (-1 inside image chunks) and [3, n] positions of the whole prompt."""
+    ids, pos, t = [], [], 0
+    for c in chunks:
+        if c.kind == "text":
+            ids += c.ids
+            pos.append(np.tile(np.arange(t, t + len(c.ids)), (3, 1)))
+            t += len(c.ids)
+        else:
+            ids += [-1] * c.n_tokens
+            pos.append(c.pos[:3])
+            t += c.n_pos
+    return ids, np.concatenate(pos, 1)
+
+
+def _hf_layout(ck, ref, imgs, question, downsample=None):
+    """transformers' processor output and get_rope_index positions [3, n] for the chat."""
+    proc = hf_processor(ck, downsample)
+    want = proc(images=imgs, text=[_chat("<unk>", len(imgs), question)], return_tensors="pt")
+    kw = {"downsample_mode": downsample} if downsample else {}
+    rope, _ = ref.model.get_rope_index(want["input_ids"], mm_token_type_ids=want["mm_token_type_ids"],
+                                       target_sizes=want["target_sizes"], **kw)
+    return want, rope[:, 0].numpy()
+
+
+def _hf(ck, ref, imgs, question, downsample=None):
+    import torch
+
+    want, rope = _hf_layout(ck, ref, imgs, question, downsample)
+    kw = {"downsample_mode": downsample} if downsample else {}
+    with torch.no_grad():
+        logits = ref(input_ids=want["input_ids"], pixel_values=want["pixel_values"], target_sizes=want["target_sizes"],
+                     mm_token_type_ids=want["mm_token_type_ids"], **kw).logits[0].float().numpy()
+    return want, rope, logits
+
+
+def _check_layout(chunks, want, rope):
+    ids, pos = _flat(chunks)
+    hf_ids = want["input_ids"][0].tolist()
+    assert len(ids) == len(hf_ids)
+    assert [a for a in ids if a >= 0] == [b for a, b in zip(ids, hf_ids) if a >= 0]  # the text around images
+    assert all(a == b for a, b in zip(ids, hf_ids) if a >= 0)
+    np.testing.assert_array_equal(pos, rope)  # canvas M-RoPE of markers, thumbnails and slices
 
 
 @pytest.mark.slow
-def test_prompt_layout_and_positions_match_transformers(thw):
-    ck, res, ref = thw
-    imgs = [random_image(w, h, seed=i) for i, (w, h) in enumerate(IMAGES)]
-    proc = hf_processor(ck)
-    text = "<|im_start|>user\n<unk>\n<unk>\n<unk>\nWhat differs?<|im_end|>\n<|im_start|>assistant\n"
-    want = proc(images=imgs, text=[text], return_tensors="pt")
-    with _session(res) as s:
-        crops = [s.prepare_image(im, strict=True)[0] for im in imgs]
-        from ggufbridge.vision.bindings import chat_parts
-
-        pr = s.build_prompt(chat_parts(crops, "What differs?"))
-    assert pr.ids == want["input_ids"][0].tolist()
-    assert [int(v) for v in pr.visual] == want["mm_token_type_ids"][0].tolist()
-    pos, delta = ref.model.get_rope_index(want["input_ids"], mm_token_type_ids=want["mm_token_type_ids"],
-                                          target_sizes=want["target_sizes"])
-    np.testing.assert_array_equal(pr.positions, pos[:, 0].numpy())
-    assert pr.next_pos == int(delta[0, 0]) + len(pr.ids)
+@pytest.mark.parametrize("downsample", [None, "4x"])
+def test_layout_and_positions_match_transformers(thw, downsample):
+    """libmtmd (patched) lays out every image as the processor does — slicing, <image_id>, markers, rows, and the
+    newline after an image absorbed into its frame — with get_rope_index's canvas positions, over 8 sizes."""
+    ck, res, res4, ref = thw
+    with _session(res4 if downsample else res) as s:
+        for k, (w, h) in enumerate(SIZES):
+            imgs = [random_image(w, h, seed=k)]
+            want, rope = _hf_layout(ck, ref, imgs, "What is it?", downsample)
+            _check_layout(s.chunks(_chat(s.marker, 1, "What is it?"), imgs, encode=False), want, rope)
 
 
 @pytest.fixture(scope="module")
 def e2e(thw):
-    """Logits of one multi-image prompt: transformers, the bindings path, and the bindings path with 1-D
-    positions (the ablation: what the stock runtime's positions would do with the same embeddings)."""
-    from ggufbridge.vision.bindings import chat_parts
-
-    ck, res, ref = thw
+    """One multi-image prompt: transformers' logits, and the patched runtime's at batch 512 and token by token."""
+    ck, res, _, ref = thw
     imgs = [random_image(w, h, seed=i) for i, (w, h) in enumerate(IMAGES)]
+    question = "Describe both pictures, then compare them."
+    want, rope, hf_logits = _hf(ck, ref, imgs, question)
     with _session(res) as s:
-        crops = [s.prepare_image(im, strict=True)[0] for im in imgs]
-        pr = s.build_prompt(chat_parts(crops, "Describe both pictures, then compare them."))
-        n = len(pr.ids)
-        ours = s.eval_prompt(pr, logits_for=range(n))
-        flat = dataclasses.replace(pr, positions=np.tile(np.arange(n), (3, 1)), next_pos=n)
-        ours_1d = s.eval_prompt(flat, logits_for=range(n))
-        steps = s.schedule(pr)
-        s.schedule = lambda prompt, start_max=None: _in_order(prompt)
-        naive = s.eval_prompt(pr, logits_for=range(n))
-    return {"ref": hf_logits(ref, pr, crops), "ours": ours, "1d": ours_1d, "naive": naive, "prompt": pr,
-            "steps": steps}
+        chunks = s.chunks(_chat(s.marker, len(imgs), question), imgs)
+        batched = s.eval(chunks)
+        single = s.eval(chunks, batch=1)
+        flat = [dataclasses.replace(c, pos=np.tile(c.pos[0].min() + np.arange(c.n_tokens), (4, 1)), n_pos=c.n_tokens)
+                if c.kind == "image" else c for c in chunks]
+        oned = s.eval(flat)
+    return {"want": want, "rope": rope, "ref": hf_logits, "chunks": chunks, "batched": batched, "single": single,
+            "1d": oned, "visual": want["mm_token_type_ids"][0].numpy().astype(bool)}
 
 
-def _in_order(prompt):
-    """Ablation of the decode schedule: every token causal, in sequence order (the runtime then masks cached
-    thumbnail tokens whose canvas cell lies after a slice token's)."""
-    from ggufbridge.vision.bindings import _pinned
-
-    pinned, steps = _pinned(prompt), []
-    for i, p in enumerate(pinned):
-        kind = "embd" if p else "tok"
-        if steps and steps[-1][0] == kind:
-            steps[-1][2].append(i)
-        else:
-            steps.append((kind, True, [i]))
-    return steps
+def _tail(visual):
+    tail = ~visual
+    tail[: int(np.flatnonzero(visual)[-1])] = False
+    return tail
 
 
 @pytest.mark.slow
 def test_e2e_logits_match_transformers(e2e):
-    k = kl_rows(e2e["ref"], e2e["ours"])
+    _check_layout(e2e["chunks"], e2e["want"], e2e["rope"])
+    k = kl_rows(e2e["ref"], e2e["batched"].logits)
     assert k.mean() < 1e-3, k.mean()
-    # the text after the images is where the positions matter most
-    tail = ~np.array(e2e["prompt"].visual)
-    tail[: int(np.flatnonzero(e2e["prompt"].visual)[-1])] = False
+    tail = _tail(e2e["visual"])  # the text after the images: where positions matter most
     assert k[tail].mean() < 1e-3
-    assert (e2e["ref"][tail].argmax(1) == e2e["ours"][tail].argmax(1)).all()
-    # the schedule really exercised both decode modes (solo non-causal steps for slice tokens)
-    assert any(not causal for _, causal, _ in e2e["steps"]) and any(causal for _, causal, _ in e2e["steps"])
+    assert (e2e["ref"][tail].argmax(1) == e2e["batched"].logits[tail].argmax(1)).all()
+
+
+@pytest.mark.slow
+def test_batched_prefill_is_exact(e2e):
+    """The patched mask lets tokens of equal t attend in decode order, so one batch equals token-by-token decoding
+    (where every token sees exactly the cache before it), also for slices after a stretched thumbnail."""
+    b, s1 = e2e["batched"], e2e["single"]
+    assert b.n_decode_calls < len(b.logits) // 20 < s1.n_decode_calls == len(s1.logits)
+    assert kl_rows(s1.logits, b.logits).max() < 1e-6
+
+
+@pytest.mark.slow
+def test_mask_change_is_a_no_op_in_raster_order(thw):
+    """Where decode order equals (y, x) order (an unsliced frame: <image>, the thumbnail row by row, </image>), the
+    old (y, x) rule and the decode-order rule hide the same cells; the batched result equals token by token and
+    transformers there too."""
+    ck, res, _, ref = thw
+    imgs = [random_image(112, 112, seed=7)]
+    want, rope, hf_logits = _hf(ck, ref, imgs, "What is it?")
+    with _session(res) as s:
+        chunks = s.chunks(_chat(s.marker, 1, "What is it?"), imgs)
+        img = next(c for c in chunks if c.kind == "image")
+        order = list(zip(img.pos[1].tolist(), img.pos[2].tolist()))
+        assert order[:-1] == sorted(order[:-1])  # raster order up to the newline absorbed at the frame's origin
+        b, one = s.eval(chunks), s.eval(chunks, batch=1)
+    assert kl_rows(one.logits, b.logits).max() < 1e-6
+    assert kl_rows(hf_logits, b.logits).mean() < 1e-3
 
 
 @pytest.mark.slow
 def test_e2e_1d_positions_are_measurably_wrong(e2e):
-    """The same embeddings decoded with plain 1-D positions diverge from transformers: the parity above is
-    due to the canvas positions, and the KL measure can fail."""
-    tail = ~np.array(e2e["prompt"].visual)
-    tail[: int(np.flatnonzero(e2e["prompt"].visual)[-1])] = False
-    good = kl_rows(e2e["ref"], e2e["ours"])[tail].mean()
-    bad = kl_rows(e2e["ref"], e2e["1d"])[tail].mean()
-    assert bad > 1e-3 and bad > 20 * good, (good, bad)
-
-
-@pytest.mark.slow
-def test_e2e_in_order_causal_decode_is_measurably_wrong(e2e):
-    good = kl_rows(e2e["ref"], e2e["ours"]).mean()
-    bad = kl_rows(e2e["ref"], e2e["naive"]).mean()
-    assert bad > 3 * good, (good, bad)
-
-
-@pytest.mark.slow
-def test_e2e_4x(make_ckpt, tmp_path):
-    from ggufbridge.fixtures.checkpoint import load_reference
-
-    ck = make_ckpt("tiny4x")
-    # F32 mmproj: with F16 embeddings one visual token of this random MoE flips an expert choice (KL ≈ 0.1 there)
-    res = convert(ck, tmp_path / "o", outtype="f32", mmproj_outtype="f32", progress=False)
-    img = random_image(230, 170, seed=3)
-    with _session(res) as s:
-        crops, _ = s.prepare_image(img, strict=True)
-        pr = s.build_prompt(["<|im_start|>user\n", crops, "\nWhat is this?<|im_end|>\n<|im_start|>assistant\n"])
-        ours = s.eval_prompt(pr, logits_for=range(len(pr.ids)))
-    assert kl_rows(hf_logits(load_reference(ck), pr, [crops]), ours).mean() < 1e-3
-
-
-@pytest.mark.slow
-def test_run_image_answers_and_rejects_bad_input(thw, tmp_path):
-    from ggufbridge.vision import run_image
-
-    _, res, _ = thw
-    p = tmp_path / "i.png"
-    random_image(250, 130).save(p)
-    out = run_image(res.out_dir, p, "What is in the picture?", n_predict=4)
-    assert isinstance(out, str)
-    (tmp_path / "bad.png").write_bytes(b"")
-    with pytest.raises(VisionInputError, match="empty"):
-        run_image(res.out_dir, tmp_path / "bad.png", "x")
-    with pytest.raises(VisionModelError, match="no manifest.json"):
-        run_image(tmp_path, p, "x")
-
-
-def test_crop_adjustment_for_the_runtime_preprocessor():
-    """Crop sizes the runtime would resize again are moved to the nearest size it takes unchanged (or refused
-    with strict); sizes it takes unchanged are left alone."""
-    from ggufbridge.vision.bindings import MmprojInfo, fit_plan, passes_unchanged
-
-    info16 = MmprojInfo(None, 448, 14, 4, 64)
-    assert passes_unchanged((448, 448), info16) and passes_unchanged((392, 504), info16)
-    assert not passes_unchanged((392, 392), info16)  # squashed to 448² by the runtime
-    assert not passes_unchanged((784, 280), info16)  # area > 448²: refitted to 728×280 by the runtime
-    assert passes_unchanged((392, 560), info16)  # area > 448², but the runtime's refit lands on itself
-    plan = plan_slices((900, 1900), SliceConfig(448, 14, 4))
-    assert not passes_unchanged(plan.source, info16)
-    fitted, notes = fit_plan(plan, info16, strict=False)
-    for hw in fitted.crop_sizes():
-        assert passes_unchanged(hw, info16)
-    assert fitted.grid == plan.grid and fitted.slice == plan.slice
-    assert notes == ["thumbnail 336×672 → 280×560"]
-    with pytest.raises(VisionModelError, match="thumbnail 336×672 would be resized again"):
-        fit_plan(plan, info16, strict=True)
-    assert fit_plan(plan_slices((1000, 1300), SliceConfig(448, 14, 4)), info16, strict=True)[1] == []
+    """Ablation: the same embeddings at plain 1-D positions (what a stock runtime does) move the tail."""
+    tail = _tail(e2e["visual"])
+    good = kl_rows(e2e["ref"], e2e["batched"].logits)[tail].mean()
+    bad = kl_rows(e2e["ref"], e2e["1d"].logits)[tail].mean()
+    assert bad > 10 * good and bad > 1e-3, (good, bad)

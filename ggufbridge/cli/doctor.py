@@ -8,6 +8,7 @@ import click
 
 from ggufbridge.cli._common import user_errors
 from ggufbridge.runtime import locate as loc
+from ggufbridge.runtime import patches
 
 
 @click.command()
@@ -27,6 +28,17 @@ def command(llama_bin: str | None, python: str | None) -> None:
     click.echo(f"version   llama.cpp {rt.version or '?'}, commit {rt.commit or '?'}"
                + (f" (llama-cpp-python {rt.info['version']} tree)" if rt.info.get("version") else ""))
     click.echo(f"backends  {', '.join(rt.backends) or 'none found'}")
+    carried = rt.patches
+    if carried:
+        click.echo(f"patches   ggufbridge series {rt.info.get('patch_hash', '?')}: {', '.join(carried)}")
+    if rt.canvas_mrope:
+        click.echo("vision    canvas M-RoPE and MiniCPM-V slicing: yes (patched libmtmd)")
+    else:
+        click.echo(f"warning: vision: {patches.STOCK_IMAGE_LOSS}", err=True)
+    want = patches.series_hash()
+    if carried and rt.info.get("patch_hash") not in (None, want):
+        click.echo(f"warning: this runtime carries patch series {rt.info.get('patch_hash')}, this checkout has "
+                   f"{want}: rebuild with scripts/build_runtime.sh", err=True)
     problems = []
     for r in results:
         click.echo(f"  {'ok     ' if r.ok else 'MISSING'}  {r.name:<26} {r.detail}")

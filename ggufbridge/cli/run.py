@@ -1,4 +1,5 @@
-"""`ggufbridge run`: one prompt, one answer, through llama-cli (no server)."""
+"""`ggufbridge run`: one prompt, one answer: through llama-cli for text, through a private llama-server for
+images (llama-cli in this tree takes no image on the command line)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import click
 
 from ggufbridge.cli._common import user_errors
 from ggufbridge.errors import RuntimeNotFound, ServerError
+from ggufbridge.runtime import patches
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.session import prepare
 
@@ -32,26 +34,28 @@ def assistant_text(transcript: str) -> str:
 @click.option("--temp", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ctx", type=click.IntRange(256), default=4096, show_default=True)
-@click.option("--image", type=click.Path(dir_okay=False), default=None,
-              help="Ask about this image (through the llama-cpp-python bindings with MiniCPM-V 4.7's canvas "
-                   "M-RoPE positions; no drafting on that path).")
+@click.option("--image", "images", type=click.Path(dir_okay=False), multiple=True,
+              help="Ask about this image (repeatable): the chat goes through the patched llama-server, with "
+                   "MiniCPM-V 4.7's slicing and canvas M-RoPE, batched prefill and --draft.")
 @click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
               help="A llama.cpp build/bin directory to use instead of the cached build.")
 @click.option("--show-command", is_flag=True, help="Print the llama-cli command on stderr.")
 @user_errors
-def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, image, llama_bin, show_command):
+def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, llama_bin, show_command):
     """Answer PROMPT once with the chat template of the converted model and print the text."""
-    if image:
-        if draft:
-            raise ServerError("--draft is not available with --image: the image path decodes through the "
-                              "Python bindings, which have no speculative decoding")
-        from ggufbridge.vision import run_image
-
-        click.echo(run_image(out_dir, image, prompt, n_predict=n_predict, temp=temp, seed=seed, n_ctx=ctx))
-        return
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
+    if images:
+        from ggufbridge.runtime.oneshot import ask_with_images
+
+        if s.art.mmproj is None:
+            raise ServerError(f"--image: {out_dir}/manifest.json lists no mmproj; convert with the vision tower")
+        if not s.rt.canvas_mrope:
+            click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
+        click.echo(ask_with_images(s, prompt, list(images), draft=draft, n_predict=n_predict, temp=temp, seed=seed,
+                                   show_command=show_command))
+        return
     opts = sv.ServeOptions(draft=draft)
     with tempfile.TemporaryDirectory(prefix="ggufbridge-run-") as tmp:
         out_file, log = Path(tmp) / "transcript.txt", Path(tmp) / "llama-cli.log"

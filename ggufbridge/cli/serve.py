@@ -10,6 +10,7 @@ import click
 
 from ggufbridge.cli._common import user_errors
 from ggufbridge.errors import RuntimeNotFound, ServerError
+from ggufbridge.runtime import patches
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import prepare
@@ -60,6 +61,8 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         return
     if s.problems:
         raise RuntimeNotFound(s.problems[0] if len(s.problems) == 1 else " | ".join(s.problems))
+    if s.art.mmproj is not None and not s.rt.canvas_mrope:
+        click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
     if host in ("0.0.0.0", "::") and not api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone on the network can use it", err=True)
     for ep in endpoints:

@@ -1,8 +1,8 @@
 """Find the llama.cpp runtime ggufbridge launches, and check that it can run MiniCPM-V 4.7.
 
 Order: an explicit `--llama-bin DIR` (a user's own build), then `$LLAMA_CPP_BIN`, then the cached build
-that scripts/build_runtime.sh writes to `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-0.3.36-{cuda,cpu}`
-(CUDA preferred when both exist). Every candidate is validated the same way by `check()`.
+that scripts/build_runtime.sh writes to `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-0.3.36-{cuda,cpu}-pHASH`
+for this checkout's patch series (CUDA preferred when both exist). Every candidate is validated the same way by `check()`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import RuntimeNotFound
+from ggufbridge.runtime import patches
 
 RUNTIME_VERSION = "0.3.36"
 PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
@@ -91,6 +92,19 @@ class Runtime:
     def lib(self, stem: str) -> Path | None:
         return _find_lib(self.bin_dir, stem)
 
+    @property
+    def patches(self) -> list[str]:
+        """The ggufbridge patches this build carries (runtime.json; none recorded for other builds)."""
+        p = self.info.get("patches")
+        return [str(x) for x in p] if isinstance(p, list) else []
+
+    @property
+    def canvas_mrope(self) -> bool:
+        """Whether libmtmd knows MiniCPM-V 4.7's canvas M-RoPE (the ggufbridge patch), read from the library."""
+        target = self.lib("libmtmd") or (self.bin_dir / "llama-server" if _is_executable(self.bin_dir / "llama-server")
+                                         else None)
+        return target is not None and has_c_string(target, patches.CANVAS_KEY)
+
     def env(self) -> dict[str, str]:
         """Environment for launching a tool: shared libs next to the tools come first on the loader path."""
         env = dict(os.environ)
@@ -111,8 +125,10 @@ def locate(llama_bin: str | os.PathLike | None = None) -> Runtime:
     if env_bin:
         return _from_dir(Path(env_bin), "LLAMA_CPP_BIN")
     tried = []
+    want = patches.series_hash()
     for variant in VARIANTS:
-        prefix = cache_dir() / f"llama.cpp-{RUNTIME_VERSION}-{variant}"
+        # the build of this checkout's patch series (scripts/build_runtime.sh keys the folder by its hash)
+        prefix = cache_dir() / f"llama.cpp-{RUNTIME_VERSION}-{variant}-p{want}"
         info_path = prefix / "runtime.json"
         tried.append(str(info_path))
         if info_path.is_file():

@@ -1,22 +1,18 @@
-"""Image prompts through llama-cpp-python with MiniCPM-V 4.7's canvas M-RoPE.
+"""Image prompts through llama-cpp-python on the patched runtime: libmtmd lays them out, we decode.
 
-The runtime encodes each crop with the mmproj (libmtmd), but its own image path would give image tokens plain
-1-D positions (runtime-facts C.5). Here the prompt is laid out by ggufbridge (slicing, `<image_id>` prefixes,
-markers), positions are computed by `positions.canvas_positions`, and everything is decoded with the low-level
-batch API: embedding batches carry 4 position rows per token (t, h, w, e; section-major), text batches 1.
-
-Attention masking: the runtime's M-RoPE KV cache masks a cached token when its (t, h, w) is lexicographically
-greater than the query's (t first, then h, then w), instead of by sequence order. The model attends by sequence
-order. So tokens are decoded in ubatches whose (t, h, w) strictly increase and exceed everything decoded before
-(there both rules agree); a token below the running maximum (slice tokens after a stretched thumbnail) is
-decoded alone with causal masking off, where it sees exactly the cache, i.e. everything before it.
+With ggufbridge's patch series (patches/llama.cpp) libmtmd itself slices an image as MiniCPM-V 4.7's processor
+does, writes `<image_id>N</image_id>`, and turns the frame (markers and crops) into one chunk whose tokens carry
+canvas M-RoPE positions (`mtmd_image_tokens_get_decoder_pos`). This module is the low-level window onto that
+path, for tests and measurements: it tokenizes a prompt with libmtmd, encodes the image chunks, and decodes
+everything with the batch API in ubatches of any size (the patched KV cache masks tokens of equal t by decode
+order, so batching is exact), returning logits at every position. The product path is llama-server
+(`ggufbridge serve` / `run --image`), which runs the same libmtmd code.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,15 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ggufbridge.errors import ManifestError, VisionModelError
-from ggufbridge.vision import positions as P
-from ggufbridge.vision.preprocess import ImageCrops, SliceConfig, SlicePlan, load_image, make_crops
 
 log = logging.getLogger(__name__)
 
-MARKER_TEXT = {
-    "image_start": "<image>", "image_end": "</image>", "slice_start": "<slice>", "slice_end": "</slice>",
-    "image_id_start": "<image_id>", "image_id_end": "</image_id>", "image_token": "<unk>", "newline": "\n",
-}
 N_POS = 4  # position rows per embedding for the IMROPE text model (t, h, w, e)
 
 
@@ -50,14 +40,11 @@ class MmprojInfo:
     patch: int
     scale_factor: int
     out_width: int
+    canvas_mrope: bool = False
 
     @property
     def merge(self) -> int:
         return self.scale_factor  # patches per LLM token along each side: 4 in 16x mode, 2 in 4x
-
-    @property
-    def slice_config(self) -> SliceConfig:
-        return SliceConfig(self.slice_size, self.patch, self.merge)
 
 
 def read_mmproj(path: str | os.PathLike) -> MmprojInfo:
@@ -75,107 +62,8 @@ def read_mmproj(path: str | os.PathLike) -> MmprojInfo:
     if down is None:
         raise VisionModelError(f"{p}: tensor mm.down.weight is missing")
     return MmprojInfo(p, int(_kv(r, "clip.vision.image_size")), int(_kv(r, "clip.vision.patch_size")),
-                      int(_kv(r, "clip.vision.projector.scale_factor", 4)), int(down.shape[1]))
-
-
-class TokenEmbeddings:
-    """Rows of the text model's `token_embd.weight`, dequantised on demand (for marker tokens decoded as
-    embeddings because they carry 2-D canvas positions)."""
-
-    def __init__(self, path: str | os.PathLike):
-        from gguf import GGUFReader
-
-        r = GGUFReader(path)
-        t = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
-        if t is None:
-            raise VisionModelError(f"{path}: tensor token_embd.weight is missing")
-        self.tensor = t
-        self.n_embd = int(t.shape[0])
-
-    def row(self, token: int) -> np.ndarray:
-        from gguf import GGMLQuantizationType, quants
-
-        raw = self.tensor.data[token]
-        qt = GGMLQuantizationType(self.tensor.tensor_type)
-        if qt == GGMLQuantizationType.F32:
-            return np.asarray(raw, dtype=np.float32)
-        if qt == GGMLQuantizationType.F16:
-            return np.asarray(raw, dtype=np.float16).astype(np.float32)
-        return quants.dequantize(np.asarray(raw).reshape(1, -1), qt).reshape(-1).astype(np.float32)
-
-
-# --- which crop sizes reach the encoder unchanged --------------------------------------------------------------
-
-def _c_round(x: float) -> int:
-    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
-
-
-def _runtime_fit(hw: tuple[int, int], slice_size: int, unit: int, upscale: bool) -> tuple[int, int]:
-    """The runtime preprocessor's own area fit (single-precision floats, C rounding)."""
-    h, w = hw
-    if h * w > slice_size * slice_size or upscale:
-        r = np.float32(w) / np.float32(h)
-        h = int(np.float32(slice_size) / np.sqrt(r, dtype=np.float32))
-        w = int(np.float32(h) * r)
-    return (max(_c_round(float(np.float32(h) / np.float32(unit))) * unit, unit),
-            max(_c_round(float(np.float32(w) / np.float32(unit))) * unit, unit))
-
-
-def passes_unchanged(hw: tuple[int, int], info: MmprojInfo) -> bool:
-    """True when the runtime's preprocessor hands a crop of this size to the encoder without resizing it.
-
-    Its rules (runtime-facts C.4): in 4x mode a crop of at most slice² pixels is refitted to about slice²
-    (upscaling allowed); otherwise a crop with no side above the slice size is squashed to slice×slice, and a
-    larger one becomes an "overview" refitted only when its area exceeds slice² (any slices it also cuts are
-    ignored). Unchanged means: the refit lands on the crop's own size."""
-    h, w = hw
-    s, unit = info.slice_size, info.patch * info.merge
-    if h % unit or w % unit:
-        return False
-    if info.scale_factor == 2 and h * w <= s * s:
-        return _runtime_fit(hw, s, unit, upscale=True) == (h, w)
-    if h <= s and w <= s:
-        return h == w == s
-    return _runtime_fit(hw, s, unit, upscale=False) == (h, w)
-
-
-def nearest_passable(hw: tuple[int, int], info: MmprojInfo) -> tuple[int, int]:
-    """The passable crop size closest to `hw` (aspect first, then area)."""
-    h, w = hw
-    unit = info.patch * info.merge
-    best, best_key = None, None
-    for dh in range(-4, 5):
-        for dw in range(-4, 5):
-            c = (h + dh * unit, w + dw * unit)
-            if c[0] <= 0 or c[1] <= 0 or not passes_unchanged(c, info):
-                continue
-            key = (abs(math.log((c[1] / c[0]) / (w / h))), abs(c[0] * c[1] - h * w))
-            if best_key is None or key < best_key:
-                best, best_key = c, key
-    if best is None:
-        raise VisionModelError(f"no crop size near {h}×{w} reaches the runtime's encoder unchanged")
-    return best
-
-
-def _fit_crop(size, info: MmprojInfo, strict: bool, what: str, notes: list[str], plural: str | None = None):
-    """`size` if the runtime takes it unchanged, else the nearest size it does (noted), or refuse with `strict`."""
-    if passes_unchanged(size, info):
-        return size
-    if strict:
-        raise VisionModelError(f"{what} {size[0]}×{size[1]} would be resized again by the runtime")
-    new = nearest_passable(size, info)
-    notes.append(f"{plural or what} {size[0]}×{size[1]} → {new[0]}×{new[1]}")
-    return new
-
-
-def fit_plan(plan: SlicePlan, info: MmprojInfo, strict: bool) -> tuple[SlicePlan, list[str]]:
-    """Adjust crop sizes the runtime would resize again (or refuse with `strict`)."""
-    notes = []
-    source = _fit_crop(plan.source, info, strict, "thumbnail", notes)
-    if plan.grid is None:
-        return SlicePlan(source), notes
-    sl = _fit_crop(plan.slice, info, strict, "slice", notes, plural="slices")
-    return SlicePlan(source, plan.grid, (sl[0] * plan.grid[0], sl[1] * plan.grid[1])), notes
+                      int(_kv(r, "clip.vision.projector.scale_factor", 4)), int(down.shape[1]),
+                      bool(_kv(r, "clip.minicpmv.canvas_mrope", False)))
 
 
 # --- runtime logging ----------------------------------------------------------------------------------------------
@@ -205,14 +93,27 @@ def _quiet_runtime_logs() -> None:
 # --- the session ---------------------------------------------------------------------------------------------------
 
 @dataclass
-class Prompt:
-    ids: list[int]
-    visual: list[bool]
-    grids: list[tuple[int, int]]  # LLM-token grid of every crop, in prompt order
-    embeddings: list[np.ndarray] = field(repr=False)  # one [n_tokens, n_embd] array per crop
-    positions: np.ndarray | None = field(default=None, repr=False)  # [3, n]
+class Chunk:
+    """One chunk of a tokenized prompt. Text: `ids`. Image: `embd` [n, n_embd] (markers and crops, in order),
+    `pos` [4, n] absolute positions, `n_pos` (how far the chunk advances the running position)."""
+
+    kind: str  # "text" | "image"
+    ids: list[int] = field(default_factory=list)
+    embd: np.ndarray | None = field(default=None, repr=False)
+    pos: np.ndarray | None = field(default=None, repr=False)
+    n_pos: int = 0
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids) if self.kind == "text" else int(self.embd.shape[0])
+
+
+@dataclass
+class Evaluated:
+    chunks: list[Chunk]
+    logits: np.ndarray = field(repr=False)  # [n_tokens, n_vocab], a row per prompt token
+    n_decode_calls: int = 0
     next_pos: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 class VisionSession:
@@ -227,7 +128,7 @@ class VisionSession:
         if not verbose:
             _quiet_runtime_logs()
         self.llm = llama_cpp.Llama(str(model_path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                                   n_threads=n_threads, verbose=verbose)
+                                   n_threads=n_threads, verbose=verbose, logits_all=False)
         self._lc = llama_cpp
         self._mt = mtmd_cpp
         self.n_embd = llama_cpp.llama_model_n_embd(self.llm.model)
@@ -247,9 +148,8 @@ class VisionSession:
             raise VisionModelError(f"{mmproj_path}: the runtime could not load the mmproj")
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.tok_embd = TokenEmbeddings(model_path)
-        self.markers = {k: self._single_token(v) for k, v in MARKER_TEXT.items()}
-        self.n_ctx = n_ctx
+        self.n_ctx, self.n_batch = n_ctx, n_batch
+        self.marker = mtmd_cpp.mtmd_default_marker().decode()
 
     # -- lifecycle
     def close(self) -> None:
@@ -272,249 +172,120 @@ class VisionSession:
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def _single_token(self, text: str) -> int:
-        ids = self.tokenize(text)
-        if len(ids) != 1:
-            raise VisionModelError(f"the text model's vocabulary must hold {text!r} as one token, found {ids}")
-        return ids[0]
-
-    @property
-    def marker_ids(self) -> P.Markers:
-        m = self.markers
-        return P.Markers(m["image_start"], m["image_end"], m["slice_start"], m["slice_end"], m["newline"])
-
-    # -- vision
-    def encode_crop(self, crop: np.ndarray) -> np.ndarray:
-        """Embeddings [n_tokens, n_embd] of one crop (uint8 [h, w, 3]) that the runtime takes unchanged."""
-        h, w = crop.shape[:2]
-        if not passes_unchanged((h, w), self.info):
-            raise VisionModelError(f"crop {h}×{w} would be resized by the runtime's preprocessor")
-        out = self._encode_raw(crop)
-        want = (h // (self.info.patch * self.info.merge)) * (w // (self.info.patch * self.info.merge))
-        if out.shape[0] != want:
-            raise VisionModelError(f"crop {h}×{w}: the runtime made {out.shape[0]} tokens, expected {want}")
-        return out
-
-    def _encode_raw(self, crop: np.ndarray) -> np.ndarray:
-        """The runtime's embeddings of its first image chunk for this bitmap, after its own preprocessing."""
+    def chunks(self, text: str, images: list, n_past: int = 0, encode: bool = True) -> list[Chunk]:
+        """libmtmd's layout of `text`, where each `self.marker` stands for the next image (PIL RGB), with the
+        image chunks placed from position `n_past` and (with `encode`) their embeddings computed."""
         mt = self._mt
-        h, w = crop.shape[:2]
-        data = np.ascontiguousarray(crop, dtype=np.uint8)
-        bitmap = mt.mtmd_bitmap_init(w, h, data.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
-        chunks = mt.mtmd_input_chunks_init()
+        if text.count(self.marker) != len(images):
+            raise VisionModelError(f"{len(images)} image(s) for {text.count(self.marker)} marker(s) in the prompt")
+        arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB")), dtype=np.uint8) for im in images]
+        bitmaps = [mt.mtmd_bitmap_init(a.shape[1], a.shape[0], a.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
+                   for a in arrays]
+        raw = mt.mtmd_input_chunks_init()
         try:
-            marker = mt.mtmd_default_marker()
-            text = mt.mtmd_input_text(marker, len(marker), False, False)
-            rc = mt.mtmd_tokenize(self.mctx, chunks, ctypes.byref(text), (mt.mtmd_bitmap_p_ctypes * 1)(bitmap), 1)
+            b = text.encode("utf-8")
+            inp = mt.mtmd_input_text(b, len(b), False, True)
+            rc = mt.mtmd_tokenize(self.mctx, raw, ctypes.byref(inp), (mt.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps),
+                                  len(bitmaps))
             if rc != 0:
-                raise VisionModelError(f"the runtime could not preprocess a {h}×{w} crop (mtmd_tokenize: {rc})")
-            chunk = next((c for c in (mt.mtmd_input_chunks_get(chunks, i) for i in range(mt.mtmd_input_chunks_size(chunks)))
-                          if mt.mtmd_input_chunk_get_type(c) == mt.MTMD_INPUT_CHUNK_TYPE_IMAGE), None)
-            if chunk is None:
-                raise VisionModelError("the runtime produced no image chunk")
-            n = mt.mtmd_input_chunk_get_n_tokens(chunk)
-            rc = mt.mtmd_encode_chunk(self.mctx, chunk)
-            if rc != 0:
-                raise VisionModelError(f"the runtime failed to encode a {h}×{w} crop (mtmd_encode_chunk: {rc})")
-            ptr = mt.mtmd_get_output_embd(self.mctx)
-            return np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
+                raise VisionModelError(f"the runtime could not lay out the prompt (mtmd_tokenize: {rc})")
+            out, pos = [], n_past
+            for i in range(mt.mtmd_input_chunks_size(raw)):
+                c = mt.mtmd_input_chunks_get(raw, i)
+                if mt.mtmd_input_chunk_get_type(c) == mt.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    n = ctypes.c_size_t()
+                    ptr = mt.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
+                    out.append(Chunk("text", [ptr[k] for k in range(n.value)]))
+                    pos += n.value
+                    continue
+                ch = self._image_chunk(c, pos, encode)
+                out.append(ch)
+                pos += ch.n_pos
+            return out
         finally:
-            mt.mtmd_input_chunks_free(chunks)
-            mt.mtmd_bitmap_free(bitmap)
+            mt.mtmd_input_chunks_free(raw)
+            for bm in bitmaps:
+                mt.mtmd_bitmap_free(bm)
 
-    def prepare_image(self, image, *, slice_mode: bool = True, strict: bool = False) -> tuple[ImageCrops, list[str]]:
-        """PIL image → crops whose sizes the runtime encodes unchanged."""
-        from ggufbridge.vision.preprocess import plan_slices
-
-        cfg = self.info.slice_config
-        w, h = image.size
-        plan, notes = fit_plan(plan_slices((h, w), cfg, slice_mode), self.info, strict)
-        return make_crops(image, cfg, slice_mode, plan=plan), notes
-
-    # -- prompt layout
-    def image_text(self, crops: ImageCrops, index: int | None) -> str:
-        """The placeholder text of one image, as MiniCPM-V 4.7's processor writes it."""
-        t = MARKER_TEXT
-        grids = crops.token_grids(self.info.slice_config)
-        out = f"{t['image_id_start']}{index}{t['image_id_end']}" if index is not None else ""
-        out += t["image_start"] + t["image_token"] * (grids[0][0] * grids[0][1]) + t["image_end"]
-        if crops.plan.grid is not None:
-            rows, cols = crops.plan.grid
-            cells = iter(grids[1:])
-            out += "\n".join("".join(t["slice_start"] + t["image_token"] * (g[0] * g[1]) + t["slice_end"]
-                                     for g in (next(cells) for _ in range(cols))) for _ in range(rows))
-        return out
-
-    def build_prompt(self, parts: list, *, use_image_id: bool = True) -> Prompt:
-        """`parts`: strings and ImageCrops in order. Returns ids, visual flags, crop grids and embeddings."""
-        text, grids, embs = "", [], []
-        n_img = 0
-        for part in parts:
-            if isinstance(part, str):
-                text += part
-            else:
-                text += self.image_text(part, n_img if use_image_id else None)
-                grids += part.token_grids(self.info.slice_config)
-                embs += [self.encode_crop(c) for c in part.crops]
-                n_img += 1
-        ids = self.tokenize(text)
-        visual = [t == self.markers["image_token"] for t in ids]
-        if sum(visual) != sum(g[0] * g[1] for g in grids):
-            raise VisionModelError("the prompt text itself contains the image placeholder token; remove it")
-        pos, nxt = P.canvas_positions(ids, visual, grids, self.marker_ids)
-        return Prompt(ids, visual, grids, embs, pos, nxt)
+    def _image_chunk(self, c, n_past: int, encode: bool) -> Chunk:
+        mt = self._mt
+        n = mt.mtmd_input_chunk_get_n_tokens(c)
+        toks = mt.mtmd_input_chunk_get_tokens_image(c)
+        pos = np.zeros((N_POS, n), dtype=np.int64)
+        for i in range(n):
+            p = mt.mtmd_image_tokens_get_decoder_pos(toks, n_past, i)
+            pos[:, i] = (p.t, p.y, p.x, p.z)  # row order of the decoder: t, h (y), w (x), e
+        if not encode:
+            return Chunk("image", embd=np.zeros((n, 0), dtype=np.float32), pos=pos, n_pos=mt.mtmd_input_chunk_get_n_pos(c))
+        if mt.mtmd_encode_chunk(self.mctx, c) != 0:
+            raise VisionModelError("the runtime failed to encode an image chunk (mtmd_encode_chunk)")
+        ptr = mt.mtmd_get_output_embd(self.mctx)
+        embd = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
+        return Chunk("image", embd=embd, pos=pos, n_pos=mt.mtmd_input_chunk_get_n_pos(c))
 
     # -- decoding
     def reset(self) -> None:
         lc = self._lc
         lc.llama_memory_clear(lc.llama_get_memory(self.llm.ctx), True)
 
-    def _decode(self, kind: str, rows: list[int], ids, embd, pos4, want_logits) -> None:
+    def _decode(self, ids, embd, pos4: np.ndarray) -> None:
+        """One llama_decode of token ids (1-D positions pos4[0]) or embeddings (4 position rows), logits for all."""
         lc = self._lc
-        n = len(rows)
+        n = pos4.shape[1]
         b = lc.llama_batch()
         b.n_tokens = n
         keep = []
-        if kind == "tok":
-            tok = (lc.llama_token * n)(*[ids[i] for i in rows])
-            p = (lc.llama_pos * n)(*[int(pos4[0, i]) for i in rows])
+        if ids is not None:
+            tok = (lc.llama_token * n)(*ids)
+            p = (lc.llama_pos * n)(*[int(x) for x in pos4[0]])
             b.token, b.embd = tok, None
             keep += [tok]
         else:
-            e = np.ascontiguousarray(np.stack([embd[i] for i in rows]), dtype=np.float32)
-            p = (lc.llama_pos * (N_POS * n))(*np.ascontiguousarray(pos4[:, rows]).reshape(-1).tolist())
+            e = np.ascontiguousarray(embd, dtype=np.float32)
+            p = (lc.llama_pos * (N_POS * n))(*np.ascontiguousarray(pos4).reshape(-1).tolist())
             b.token = None
             b.embd = e.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             keep += [e]
         seq0 = (lc.llama_seq_id * 1)(0)
         seq_ptrs = (ctypes.POINTER(lc.llama_seq_id) * n)(*([ctypes.cast(seq0, ctypes.POINTER(lc.llama_seq_id))] * n))
         nseq = (ctypes.c_int32 * n)(*([1] * n))
-        logits = (ctypes.c_int8 * n)(*[1 if want_logits[i] else 0 for i in rows])
+        logits = (ctypes.c_int8 * n)(*([1] * n))
         b.pos, b.seq_id, b.n_seq_id, b.logits = p, seq_ptrs, nseq, logits
         keep += [p, seq0, seq_ptrs, nseq, logits]
         rc = lc.llama_decode(self.llm.ctx, b)
         if rc != 0:
-            raise VisionModelError(f"llama_decode failed ({rc}) on {n} {'text' if kind == 'tok' else 'embedding'} "
-                                   f"tokens at t={int(pos4[0, rows[0]])}")
+            raise VisionModelError(f"llama_decode failed ({rc}) on {n} {'text' if ids is not None else 'embedding'} "
+                                   f"tokens at t={int(pos4[0, 0])}")
 
-    def schedule(self, prompt: Prompt, start_max: tuple | None = None) -> list[tuple[str, bool, list[int]]]:
-        """Split the prompt into decode steps (kind, causal, token indices); see the module docstring."""
-        n = len(prompt.ids)
-        pos = prompt.positions
-        pinned = _pinned(prompt)
-        steps: list[tuple[str, bool, list[int]]] = []
-        running = start_max
-        cur: list[int] = []
-        cur_kind = None
-
-        def flush():
-            nonlocal cur
-            if cur:
-                steps.append((cur_kind, True, cur))
-            cur = []
-
-        for i in range(n):
-            key = (int(pos[0, i]), int(pos[1, i]), int(pos[2, i]))
-            kind = "embd" if pinned[i] else "tok"
-            if running is not None and key < running:
-                flush()
-                steps.append((kind, False, [i]))
-                continue
-            if running is not None and key == running or kind != cur_kind or len(cur) >= self.llm.n_batch:
-                flush()
-                cur_kind = kind
-            cur.append(i)
-            running = key
-        flush()
-        return steps
-
-    def eval_prompt(self, prompt: Prompt, logits_for=None) -> np.ndarray | None:
-        """Decode a prompt from an empty cache. Returns logits [len(logits_for), n_vocab] (rows for the given
-        token indices, default: the last token)."""
+    def eval(self, chunks: list[Chunk], batch: int | None = None) -> Evaluated:
+        """Decode the chunks from an empty cache in ubatches of `batch` tokens (default n_batch; 1 = token by
+        token), returning the logits of every token."""
         lc = self._lc
-        n = len(prompt.ids)
-        if prompt.next_pos + 1 > self.n_ctx or n > self.n_ctx:
-            raise VisionModelError(f"the prompt needs {max(n, prompt.next_pos)} positions, the context has {self.n_ctx}")
+        batch = batch or self.n_batch
         self.reset()
-        idx = [n - 1] if logits_for is None else list(logits_for)
-        want = np.zeros(n, dtype=bool)
-        want[idx] = True
-        embd = [None] * n
-        crop_iter = iter(prompt.embeddings)
-        for a, b in P.visual_runs(prompt.visual):
-            e = next(crop_iter)
-            for k, i in enumerate(range(a, b)):
-                embd[i] = e[k]
-        pos4 = np.zeros((N_POS, n), dtype=np.int64)
-        pos4[:3] = prompt.positions
-        for i in np.flatnonzero(_pinned(prompt)):
-            if embd[i] is None:
-                embd[i] = self.tok_embd.row(prompt.ids[i])
-        out = {}
-        for kind, causal, rows in self.schedule(prompt):
-            lc.llama_set_causal_attn(self.llm.ctx, causal)
-            try:
-                self._decode(kind, rows, prompt.ids, embd, pos4, want)
-            finally:
-                lc.llama_set_causal_attn(self.llm.ctx, True)
-            for j, i in enumerate(rows):
-                if want[i]:
+        rows, calls, pos = [], 0, 0
+        for ch in chunks:
+            if ch.kind == "text":
+                p = np.arange(pos, pos + len(ch.ids))[None, :]
+                pieces = [(ch.ids[a:a + batch], None, p[:, a:a + batch]) for a in range(0, len(ch.ids), batch)]
+                pos += len(ch.ids)
+            else:
+                if int(ch.pos[0].min()) != pos:
+                    raise VisionModelError(f"image chunk placed at t={int(ch.pos[0].min())}, expected {pos}")
+                pieces = [(None, ch.embd[a:a + batch], ch.pos[:, a:a + batch]) for a in range(0, ch.n_tokens, batch)]
+                pos += ch.n_pos
+            for ids, embd, p in pieces:
+                if pos > self.n_ctx:
+                    raise VisionModelError(f"the prompt needs {pos} positions, the context has {self.n_ctx}")
+                self._decode(ids, embd, p)
+                calls += 1
+                for j in range(p.shape[1]):
                     ptr = lc.llama_get_logits_ith(self.llm.ctx, j)
-                    out[i] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
-        return np.stack([out[i] for i in idx])
-
-    def generate(self, prompt: Prompt, n_predict: int = 256, temp: float = 0.0, seed: int = 0) -> list[int]:
-        lc = self._lc
-        logits = self.eval_prompt(prompt)[0]
-        rng = np.random.default_rng(seed)
-        pos = prompt.next_pos
-        out: list[int] = []
-        for _ in range(n_predict):
-            tok = _sample(logits, temp, rng)
-            if lc.llama_vocab_is_eog(self.vocab, tok):
-                break
-            out.append(tok)
-            if pos + 1 > self.n_ctx:
-                break
-            pos4 = np.full((N_POS, 1), pos, dtype=np.int64)
-            self._decode("tok", [0], [tok], None, pos4, np.array([True]))
-            logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.llm.ctx, 0), shape=(self.n_vocab,)).copy()
-            pos += 1
-        return out
+                    rows.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+        return Evaluated(chunks, np.stack(rows), calls, pos)
 
     def detokenize(self, ids: list[int]) -> str:
         return self.llm.detokenize(ids).decode("utf-8", errors="replace")
-
-
-def _pinned(prompt: Prompt) -> np.ndarray:
-    """Tokens that must go in as embeddings: visual ones, and text whose position is not a plain 1-D step past
-    every earlier token (a text batch carries one position and must start past the cache's last t)."""
-    pos = prompt.positions
-    n = len(prompt.ids)
-    out = np.zeros(n, dtype=bool)
-    last_t = -1
-    for i in range(n):
-        t = int(pos[0, i])
-        out[i] = prompt.visual[i] or not (t == pos[1, i] == pos[2, i]) or t <= last_t
-        last_t = max(last_t, t)
-    return out
-
-
-def _sample(logits: np.ndarray, temp: float, rng) -> int:
-    if temp <= 0:
-        return int(np.argmax(logits))
-    z = (logits - logits.max()) / temp
-    p = np.exp(z)
-    return int(rng.choice(len(p), p=p / p.sum()))
-
-
-def chat_parts(images: list, prompt: str) -> list:
-    """ChatML user turn with the images first, then the question (MiniCPM-V's usual order)."""
-    parts: list = ["<|im_start|>user\n"]
-    for img in images:
-        parts += [img, "\n"]
-    parts.append(f"{prompt}<|im_end|>\n<|im_start|>assistant\n")
-    return parts
 
 
 def resolve_files(out_dir) -> tuple[Path, Path]:
@@ -532,22 +303,3 @@ def resolve_files(out_dir) -> tuple[Path, Path]:
         if not files[role].path.is_file():
             raise VisionModelError(f"{files[role].path}: listed in manifest.json but missing")
     return files["target"].path, files["mmproj"].path
-
-
-def run_image(out_dir, image, prompt: str, *, n_predict: int = 256, temp: float = 0.0, seed: int = 0,
-              n_ctx: int = 4096, n_threads: int | None = None, strict: bool = False,
-              max_pixels: int | None = None) -> str:
-    """Answer `prompt` about one image file (or several: pass a list) with canvas M-RoPE positions."""
-    paths = image if isinstance(image, (list, tuple)) else [image]
-    kw = {} if max_pixels is None else {"max_pixels": max_pixels}
-    pil = [load_image(p, **kw) for p in paths]  # bad inputs fail before any model is loaded
-    model, mmproj = resolve_files(out_dir)
-    with VisionSession(model, mmproj, n_ctx=n_ctx, n_threads=n_threads) as s:
-        crops = []
-        for img in pil:
-            c, notes = s.prepare_image(img, strict=strict)
-            for note in notes:
-                log.warning("image crop adjusted for the runtime: %s", note)
-            crops.append(c)
-        pr = s.build_prompt(chat_parts(crops, prompt))
-        return s.detokenize(s.generate(pr, n_predict=n_predict, temp=temp, seed=seed))

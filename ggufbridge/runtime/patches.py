@@ -1,0 +1,58 @@
+"""ggufbridge's patch series over the pinned llama.cpp (patches/llama.cpp/NNNN-name.patch).
+
+scripts/build_runtime.sh applies the series in order and keys its build folder by `series_hash()`; the build's
+runtime.json lists the patches it carries. A runtime built elsewhere (`--llama-bin`, `LLAMA_CPP_BIN`) is
+recognised by what its libraries contain: `CANVAS_KEY` is a string that only the canvas M-RoPE patch adds
+to libmtmd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+PATCH_DIR = Path(__file__).resolve().parents[2] / "patches" / "llama.cpp"
+CANVAS_KEY = "clip.minicpmv.canvas_mrope"  # mmproj key read only by a patched libmtmd
+STOCK_IMAGE_LOSS = ("a stock llama.cpp gives image tokens 1-D positions and letterboxes slices instead of "
+                    "MiniCPM-V 4.7's canvas M-RoPE and stretched slices (tail KL up to 1.68 on synthetic "
+                    "models, docs/vision.md); build the patched runtime with scripts/build_runtime.sh")
+
+
+@dataclass(frozen=True)
+class Patch:
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def subject(self) -> str:
+        """The header's `Subject:` line (what the patch does)."""
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("Subject:"):
+                return line.removeprefix("Subject:").strip().removeprefix("[PATCH]").strip()
+            if line.startswith("diff --git"):
+                break
+        return ""
+
+
+def series(patch_dir: Path = PATCH_DIR) -> list[Patch]:
+    """The patches in application order (empty without a patches folder, e.g. an installed wheel)."""
+    if not patch_dir.is_dir():
+        return []
+    return [Patch(p) for p in sorted(patch_dir.glob("[0-9][0-9][0-9][0-9]-*.patch"))]
+
+
+def series_hash(patches: list[Patch] | None = None) -> str:
+    """The build cache key of scripts/build_runtime.sh: sha256 over each patch's file name, a newline and its
+    bytes, in order; the first 12 hex digits ("none" for no patches)."""
+    patches = series() if patches is None else patches
+    if not patches:
+        return "none"
+    h = hashlib.sha256()
+    for p in patches:
+        h.update(p.path.name.encode() + b"\n")
+        h.update(p.path.read_bytes())
+    return h.hexdigest()[:12]

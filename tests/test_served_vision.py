@@ -1,0 +1,227 @@
+"""Served vision, exact: `ggufbridge serve` on the patched runtime, through the OpenAI chat API, against
+transformers' MiniCPM-V 4.7 (its processor lays out the same chat, its model scores the server's tokens).
+
+Model: SPEC_THW (M-RoPE rotating t, h and w, so a wrong canvas position changes the logits) with the small
+vocabulary, so that `top_logprobs` covers the whole distribution and the KL is exact; F32 target and mmproj.
+Greedy identity is checked on the same layers with a head refitted to continue every test chat decisively
+(random heads give near-ties that any two correct implementations may break differently).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _vision_helpers import SPEC_THW, hf_processor, random_image
+from ggufbridge.compare import served_chat as sc
+from ggufbridge.convert import convert
+from ggufbridge.runtime import server as sv
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is in the picture?"
+CASES = {  # name -> (image sizes (w, h), downsample mode)
+    "unsliced": ([(112, 112)], None),
+    "1x2": ([(250, 130)], None),
+    "2x1": ([(130, 250)], None),
+    "2x2-4x": ([(230, 170)], "4x"),
+    "two-images": ([(112, 112), (250, 130)], None),
+}
+CONTINUATION = "A river runs through the valley."
+VOCAB = 512
+
+
+def _messages(name: str) -> list[dict]:
+    sizes, _ = CASES[name]
+    imgs = [random_image(w, h, seed=k + len(name)) for k, (w, h) in enumerate(sizes)]
+    return [sc.user_turn(imgs, QUESTION)]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from ggufbridge.fixtures.checkpoint import load_reference, make_minicpmv47
+
+    ck = make_minicpmv47(tmp_path_factory.mktemp("sv-ck"), SPEC_THW, vocab="small")
+    return ck, load_reference(ck)
+
+
+@pytest.fixture(scope="module")
+def outs(ckpt, tmp_path_factory):
+    """Converted folders: 16x and 4x mmproj (F32), F32 target."""
+    ck, _ = ckpt
+    return {d: convert(ck, tmp_path_factory.mktemp(f"sv-out-{d}"), outtype="f32", mmproj_outtype="f32",
+                       downsample=d, progress=False).out_dir for d in ("16x", "4x")}
+
+
+class Served:
+    """`ggufbridge serve OUT` in a subprocess (the user's command), stopped with SIGTERM."""
+
+    def __init__(self, out_dir: Path, log: Path, *extra: str):
+        self.port = sv.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(self.port), "--ctx", "4096",
+                "--log", str(log), *extra]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 300
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited: {self.proc.stdout.read()}")
+            try:
+                if sv.http_json(self.url + "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "serve did not become healthy"
+            time.sleep(0.3)
+
+    def close(self):
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=60)
+        return out
+
+
+@pytest.fixture(scope="module")
+def served(outs, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("sv-logs")
+    s = {d: Served(outs[d], logs / f"{d}.log") for d in outs}
+    yield s
+    for srv in s.values():
+        srv.close()
+
+
+def _score(ckpt, messages, turn, downsample=None):
+    ck, ref = ckpt
+    proc = hf_processor(ck, downsample)
+    inputs = sc.hf_prompt(proc, messages, downsample)
+    ref_lp = sc.hf_scores(ref, inputs, turn.ids, downsample)
+    return inputs, ref_lp, sc.kl_to_served(ref_lp, turn.top)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_served_images_match_transformers(ckpt, served, name):
+    downsample = CASES[name][1]
+    msgs = _messages(name)
+    turn = sc.chat(served[downsample or "16x"].url, msgs, max_tokens=8, top_logprobs=VOCAB)
+    inputs, ref_lp, kl = _score(ckpt, msgs, turn, downsample)
+    assert turn.usage["prompt_tokens"] == inputs["input_ids"].shape[1]  # the same prompt length, image included
+    assert len(turn.top[0]) == VOCAB  # the whole distribution: an exact KL
+    assert kl.mean() < 1e-3, kl
+    assert [int(r.argmax()) for r in ref_lp] == turn.ids  # transformers' greedy choice at every step
+
+
+def test_second_turn_reuses_the_cached_image(ckpt, served):
+    url = served["16x"].url
+    first = _messages("1x2")
+    t1 = sc.chat(url, first, max_tokens=6, top_logprobs=VOCAB)
+    second = first + [{"role": "assistant", "content": t1.content}, {"role": "user", "content": "And the colours?"}]
+    t2 = sc.chat(url, second, max_tokens=6, top_logprobs=VOCAB)
+    inputs, _, kl = _score(ckpt, second, t2)
+    assert t2.usage["prompt_tokens"] == inputs["input_ids"].shape[1]
+    # only the new turn was prefilled: the image and the first answer came from the server's prompt cache
+    assert t2.timings["prompt_n"] < inputs["input_ids"].shape[1] // 2, t2.timings
+    assert kl.mean() < 1e-3, kl
+
+
+def stock_copy(out_dir: Path, dst: Path) -> Path:
+    """A copy of a converted folder whose mmproj a stock runtime would read the same way: the keys only the
+    patches read are renamed in place (same length, so sizes and offsets stay), and libmtmd falls back to its
+    stock minicpmv4_6 path (llava-uhd letterboxed slicing, 1-D positions, no <image_id>)."""
+    import shutil
+
+    shutil.copytree(out_dir, dst)
+    mm = next(dst.glob("mmproj-*.gguf"))
+    raw = mm.read_bytes()
+    for key in (b"clip.minicpmv.processor_slicing", b"clip.minicpmv.canvas_mrope", b"clip.minicpmv.use_image_id"):
+        assert raw.count(key) == 1
+        raw = raw.replace(key, key[:-1] + b"X")
+    mm.write_bytes(raw)
+    return dst
+
+
+def test_stock_layout_is_measurably_worse(ckpt, outs, tmp_path):
+    """The same chats served the stock way are far from transformers: the patches make the served path exact."""
+    srv = Served(stock_copy(outs["16x"], tmp_path / "stock"), tmp_path / "stock.log")
+    try:
+        for name in ("unsliced", "1x2"):
+            msgs = _messages(name)
+            turn = sc.chat(srv.url, msgs, max_tokens=8, top_logprobs=VOCAB)
+            _, _, kl = _score(ckpt, msgs, turn)
+            assert kl.mean() > 1e-2, (name, kl)
+    finally:
+        out = srv.close()
+    assert "warning: images:" not in out  # the runtime itself is patched; only the file asks for the stock layout
+
+
+# --- greedy identity with a decisive head, with and without the DSpark draft --------------------------------------
+
+def _decisive(ckpt, tmp_path, names: list[str], boost: float = 30.0) -> Path:
+    """A copy of the checkpoint whose head continues every chat in `names` with CONTINUATION decisively: the
+    least-squares head update of fixtures.confident, keyed on transformers' hidden states after the image chats."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from ggufbridge.fixtures.vocab import reference_encode
+
+    ck, ref = ckpt
+    out = tmp_path / "decisive-ck"
+    shutil.copytree(ck, out)
+    cont = reference_encode(CONTINUATION)
+    hs, tg = [], []
+    for name in names:
+        downsample = CASES[name][1]
+        inputs = sc.hf_prompt(hf_processor(ck, downsample), _messages(name), downsample)
+        ids = torch.cat([inputs["input_ids"], torch.tensor([cont[:-1]])], 1)
+        tt = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(cont) - 1, dtype=torch.long)], 1)
+        kw = {"downsample_mode": downsample} if downsample else {}
+        with torch.no_grad():
+            o = ref(input_ids=ids, pixel_values=inputs["pixel_values"], target_sizes=inputs["target_sizes"],
+                    mm_token_type_ids=tt, output_hidden_states=True, **kw)
+        n = inputs["input_ids"].shape[1]
+        hs.append(o.hidden_states[-1][0, n - 1:])
+        tg += cont
+    hidden = torch.cat(hs).double()
+    targets = torch.tensor(tg)
+    rows = torch.unique(targets)
+    want = boost * (targets[:, None] == rows[None, :]).double()
+    delta = torch.linalg.pinv(hidden) @ want
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shard = out / index["weight_map"]["lm_head.weight"]
+    tensors = load_file(shard)
+    head = tensors["lm_head.weight"].double()
+    head[rows] += delta.T
+    tensors["lm_head.weight"] = head.to(tensors["lm_head.weight"].dtype).contiguous()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return out
+
+
+def test_greedy_equals_transformers_with_and_without_the_draft(ckpt, tmp_path):
+    from ggufbridge.fixtures.dspark import make_dspark
+    from ggufbridge.fixtures.vocab import reference_encode
+
+    names = ["1x2", "two-images"]
+    ck = _decisive(ckpt, tmp_path, names)
+    draft = make_dspark(tmp_path / "dspark", ck, "tiny")
+    out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", draft=draft, progress=False).out_dir
+    want = reference_encode(CONTINUATION)
+    answers = {}
+    for flag in ((), ("--draft",)):
+        srv = Served(out, tmp_path / f"s{len(flag)}.log", *flag)
+        try:
+            answers[flag] = [sc.chat(srv.url, _messages(n), max_tokens=len(want), top_logprobs=1) for n in names]
+        finally:
+            srv.close()
+    for k, name in enumerate(names):
+        plain, drafted = answers[()][k], answers[("--draft",)][k]
+        assert plain.ids == want, (name, plain.ids, want)  # transformers' decisive continuation, token for token
+        assert drafted.ids == plain.ids
+        assert drafted.timings.get("draft_n", 0) > 0, drafted.timings  # drafts were made on the image turn
