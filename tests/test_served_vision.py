@@ -39,6 +39,13 @@ CONTINUATION = "A river runs through the valley."
 VOCAB = 512
 
 
+@pytest.fixture(scope="module")
+def ban(ckpt):
+    """logit_bias that keeps llama-server from sampling byte fragments (see served_chat.partial_utf8_ids)."""
+    ck, _ = ckpt
+    return {str(i): False for i in sc.partial_utf8_ids(hf_processor(ck).tokenizer)}
+
+
 def _messages(name: str) -> list[dict]:
     sizes, _ = CASES[name]
     imgs = [random_image(w, h, seed=k + len(name)) for k, (w, h) in enumerate(sizes)]
@@ -106,23 +113,27 @@ def _score(ckpt, messages, turn, downsample=None):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_served_images_match_transformers(ckpt, served, name):
+def test_served_images_match_transformers(ckpt, served, ban, name):
     downsample = CASES[name][1]
     msgs = _messages(name)
-    turn = sc.chat(served[downsample or "16x"].url, msgs, max_tokens=8, top_logprobs=VOCAB)
+    turn = sc.chat(served[downsample or "16x"].url, msgs, max_tokens=8, top_logprobs=VOCAB, logit_bias=ban)
     inputs, ref_lp, kl = _score(ckpt, msgs, turn, downsample)
     assert turn.usage["prompt_tokens"] == inputs["input_ids"].shape[1]  # the same prompt length, image included
     assert len(turn.top[0]) == VOCAB  # the whole distribution: an exact KL
     assert kl.mean() < 1e-3, kl
-    assert [int(r.argmax()) for r in ref_lp] == turn.ids  # transformers' greedy choice at every step
+    allowed = ref_lp.copy()
+    allowed[:, [int(i) for i in ban]] = -np.inf
+    top2 = np.sort(allowed, 1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.05  # a random head has near-ties; greedy identity is the decisive test's
+    assert [int(r.argmax()) for r in allowed[clear]] == [t for t, c in zip(turn.ids, clear) if c]
 
 
-def test_second_turn_reuses_the_cached_image(ckpt, served):
+def test_second_turn_reuses_the_cached_image(ckpt, served, ban):
     url = served["16x"].url
     first = _messages("1x2")
-    t1 = sc.chat(url, first, max_tokens=6, top_logprobs=VOCAB)
+    t1 = sc.chat(url, first, max_tokens=6, top_logprobs=VOCAB, logit_bias=ban)
     second = first + [{"role": "assistant", "content": t1.content}, {"role": "user", "content": "And the colours?"}]
-    t2 = sc.chat(url, second, max_tokens=6, top_logprobs=VOCAB)
+    t2 = sc.chat(url, second, max_tokens=6, top_logprobs=VOCAB, logit_bias=ban)
     inputs, _, kl = _score(ckpt, second, t2)
     assert t2.usage["prompt_tokens"] == inputs["input_ids"].shape[1]
     # only the new turn was prefilled: the image and the first answer came from the server's prompt cache
@@ -146,13 +157,13 @@ def stock_copy(out_dir: Path, dst: Path) -> Path:
     return dst
 
 
-def test_stock_layout_is_measurably_worse(ckpt, outs, tmp_path):
+def test_stock_layout_is_measurably_worse(ckpt, outs, ban, tmp_path):
     """The same chats served the stock way are far from transformers: the patches make the served path exact."""
     srv = Served(stock_copy(outs["16x"], tmp_path / "stock"), tmp_path / "stock.log")
     try:
         for name in ("unsliced", "1x2"):
             msgs = _messages(name)
-            turn = sc.chat(srv.url, msgs, max_tokens=8, top_logprobs=VOCAB)
+            turn = sc.chat(srv.url, msgs, max_tokens=8, top_logprobs=VOCAB, logit_bias=ban)
             _, _, kl = _score(ckpt, msgs, turn)
             assert kl.mean() > 1e-2, (name, kl)
     finally:
@@ -170,12 +181,10 @@ def _decisive(ckpt, tmp_path, names: list[str], boost: float = 30.0) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from ggufbridge.fixtures.vocab import reference_encode
-
     ck, ref = ckpt
     out = tmp_path / "decisive-ck"
     shutil.copytree(ck, out)
-    cont = reference_encode(CONTINUATION)
+    cont = _encode(ck, CONTINUATION)
     hs, tg = [], []
     for name in names:
         downsample = CASES[name][1]
@@ -204,15 +213,18 @@ def _decisive(ckpt, tmp_path, names: list[str], boost: float = 30.0) -> Path:
     return out
 
 
+def _encode(ck, text: str) -> list[int]:
+    return hf_processor(ck).tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_greedy_equals_transformers_with_and_without_the_draft(ckpt, tmp_path):
     from ggufbridge.fixtures.dspark import make_dspark
-    from ggufbridge.fixtures.vocab import reference_encode
 
     names = ["1x2", "two-images"]
     ck = _decisive(ckpt, tmp_path, names)
     draft = make_dspark(tmp_path / "dspark", ck, "tiny")
     out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", draft=draft, progress=False).out_dir
-    want = reference_encode(CONTINUATION)
+    want = _encode(ck, CONTINUATION)
     answers = {}
     for flag in ((), ("--draft",)):
         srv = Served(out, tmp_path / f"s{len(flag)}.log", *flag)
