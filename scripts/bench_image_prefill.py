@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Image prefill: the patched llama-server against the old `run --image` path, in one run (issue 13).
+
+    python scripts/bench_image_prefill.py OUT_DIR [--size 230x170] [--baseline-rev 0196e24] [--stock-bin DIR]
+                                                  [--json docs/bench-image-prefill.json]
+
+OUT_DIR is a `ggufbridge convert` folder (target + mmproj; a 4x mmproj for the issue's 2×2 4x case).
+
+* patched: `ggufbridge serve OUT_DIR` (this checkout's runtime), one streamed chat with the image as a data URL:
+  time to first token measured by the client, the server's own prompt time, its peak RSS, and the decode calls
+  (image batches from its log, plus one per text chunk around the image).
+* baseline: the `run --image` path as it was before the patch series (ggufbridge at --baseline-rev, checked out
+  into a temporary git worktree, on the stock runtime --stock-bin): its bindings decoded the frame token by token
+  wherever canvas positions broke raster order. Its decode calls are counted by wrapping its decode function, its
+  time to first token is prompt layout + encoding + prefill + the first sampled token.
+
+Both run the same chat ("<image>\\nWhat is in the picture?"), greedy. Ratios are baseline / patched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTION = "What is in the picture?"
+
+BASELINE = r'''
+import json, sys, time
+import numpy as np
+from PIL import Image
+from ggufbridge.vision import bindings as B
+img = Image.open(sys.argv[3]).convert("RGB")
+calls = {"n": 0}
+orig = B.VisionSession._decode
+def counted(self, *a, **k):
+    calls["n"] += 1
+    return orig(self, *a, **k)
+B.VisionSession._decode = counted
+t0 = time.perf_counter()
+with B.VisionSession(sys.argv[1], sys.argv[2], n_ctx=8192) as s:
+    t_load = time.perf_counter()
+    crops, notes = s.prepare_image(img)
+    pr = s.build_prompt(B.chat_parts([crops], sys.argv[4]))
+    t_prompt = time.perf_counter()
+    first = s.generate(pr, n_predict=1)
+    t_first = time.perf_counter()
+print(json.dumps({"load_s": t_load - t0, "ttft_s": t_first - t_load, "prefill_s": t_first - t_prompt,
+                  "decode_calls": calls["n"] - 1, "prompt_tokens": len(pr.ids), "notes": notes}))
+'''
+
+
+def data_url(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def peak_rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def patched(out_dir: Path, image: Path, recipe: str, log: Path) -> dict:
+    from ggufbridge.runtime import server as sv
+
+    port = sv.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port),
+                             "--recipe", recipe, "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.perf_counter()
+        while not _up(url):
+            if proc.poll() is not None:
+                raise SystemExit(f"serve exited: {proc.stdout.read()}")
+            time.sleep(0.2)
+        t_load = time.perf_counter() - t0
+        body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                                          {"type": "text", "text": QUESTION}]}],
+                "max_tokens": 1, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                "timings_per_token": True}
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        ttft, timings, usage = None, {}, {}
+        with urllib.request.urlopen(req, timeout=900) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                ev = json.loads(line[6:])
+                if ttft is None and any((c.get("delta") or {}).get("content") for c in ev.get("choices", [])):
+                    ttft = time.perf_counter() - t0
+                timings = ev.get("timings") or timings
+                usage = ev.get("usage") or usage
+        ttft = ttft if ttft is not None else time.perf_counter() - t0
+        server_pid = _child_pid(proc.pid)
+        rss = peak_rss_kib(server_pid) if server_pid else 0
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    text = log.read_text(errors="replace")
+    image_batches = len(re.findall(r"decoding image batch \d+/\d+", text))
+    return {"load_s": t_load, "ttft_s": ttft, "prefill_s": timings.get("prompt_ms", 0) / 1000,
+            "prompt_tokens": usage.get("prompt_tokens"), "image_decode_calls": image_batches,
+            "decode_calls": image_batches + 2, "peak_rss_mib": rss / 1024}
+
+
+def _up(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url + "/health", timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+def _child_pid(pid: int) -> int | None:
+    """The llama-server process under `ggufbridge serve`."""
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid), "llama-server"], capture_output=True, text=True).stdout.split()
+        return int(out[0]) if out else None
+    except (OSError, ValueError):
+        return None
+
+
+def baseline(out_dir: Path, image: Path, rev: str, stock_bin: Path) -> dict:
+    from ggufbridge.ggufio.manifest import read_manifest
+
+    files = read_manifest(out_dir).files
+    with tempfile.TemporaryDirectory(prefix="ggufbridge-baseline-") as tmp:
+        wt = Path(tmp) / "wt"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), rev], check=True,
+                       capture_output=True)
+        try:
+            env = dict(os.environ, PYTHONPATH=str(wt), LLAMA_CPP_LIB_PATH=str(stock_bin), MTMD_CPP_LIB=str(stock_bin))
+            p = subprocess.run([sys.executable, "-c", BASELINE, str(files["target"].path), str(files["mmproj"].path),
+                                str(image), QUESTION], capture_output=True, text=True, env=env, timeout=3600)
+            if p.returncode != 0:
+                raise SystemExit(f"baseline failed:\n{p.stderr[-2000:]}")
+            return json.loads(p.stdout.strip().splitlines()[-1])
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], capture_output=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--size", default="230x170", help="image WxH (default: a 2×2 grid at slice size 112)")
+    ap.add_argument("--recipe", default="cpu")
+    ap.add_argument("--baseline-rev", default="0196e24", help="ggufbridge before the patch series")
+    ap.add_argument("--stock-bin", type=Path, default=None, help="stock (unpatched) runtime bin dir for the baseline")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+    from PIL import Image
+
+    w, h = (int(x) for x in a.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        image = Path(tmp) / "img.png"
+        Image.fromarray(np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(image)
+        res = {"size": a.size, "out_dir": str(a.out_dir)}
+        res["patched"] = patched(a.out_dir, image, a.recipe, Path(tmp) / "server.log")
+        if a.stock_bin:
+            res["baseline"] = baseline(a.out_dir, image, a.baseline_rev, a.stock_bin)
+            b, p = res["baseline"], res["patched"]
+            res["ratios"] = {"decode_calls": b["decode_calls"] / p["decode_calls"],
+                             "ttft": b["ttft_s"] / p["ttft_s"], "prefill": b["prefill_s"] / max(p["prefill_s"], 1e-9)}
+    print(json.dumps(res, indent=2))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
