@@ -19,7 +19,7 @@ from tqdm import tqdm
 from ggufbridge import __version__
 from ggufbridge.arch import converter_for
 from ggufbridge.arch.plan import ConversionPlan
-from ggufbridge.checkpoint.model_dir import ModelDir
+from ggufbridge.checkpoint.model_dir import ModelDir, resolve_model_dir
 from ggufbridge.errors import GGUFBridgeError
 from ggufbridge.ggufio.manifest import MANIFEST, sha256_file
 from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, tmp_name, write_gguf
@@ -124,6 +124,7 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
             raise GGUFBridgeError(f"{flag} must be one of {', '.join(OUTTYPES)}, found {val!r}")
     arch = converter_for(md.config)
     plan, params = arch.plan_target(md)
+    plan.notes.insert(0, f"target checkpoint: {md.layout} tensor-name layout")
     basename = basename or arch.BASENAME
     size = size_label(plan)
     stem = f"{basename}-{size}"
@@ -140,6 +141,7 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
 
         dmd = ModelDir.open(draft)
         dplan = dspark.plan_draft(dmd, target=md, target_plan=plan, target_params=params)
+        dplan.notes.insert(0, f"draft checkpoint: {dmd.layout} tensor-name layout")
         add_general(dplan, basename=basename, size=size, outtype=draft_outtype, model_dir=dmd.path, role="draft")
         outputs.append(Output("draft", dplan, f"dspark-{stem}-{draft_outtype.upper()}.gguf", draft_outtype))
     return outputs
@@ -148,10 +150,15 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
 def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = None, draft=None,
             draft_outtype: str = "f16", mmproj: bool = True, mmproj_outtype: str = "f16",
             downsample: str | None = None, progress: bool = True, quant: str | None = None,
-            recipe: str | None = None, imatrix=None) -> ConvertResult:
+            recipe: str | None = None, imatrix=None, revision: str | None = None) -> ConvertResult:
+    """`model_dir` and `draft`: a folder, a hub spec (`hf://ORG/NAME[@REV]`, `ms://ORG/NAME[@REV]`; downloaded
+    first) or a repo id in the HF cache; `revision` pins `model_dir`'s."""
     from ggufbridge.quant import pipeline as qp  # quant=/recipe=: the target goes through llama-quantize
 
     qlabel = qp.prepare(quant, recipe, imatrix, outtype) if quant is not None or recipe is not None else None
+    model_dir = resolve_model_dir(model_dir, revision=revision, progress=progress)
+    if draft is not None:
+        draft = resolve_model_dir(draft, progress=progress)
     md = ModelDir.open(model_dir)
     outputs = plan_outputs(md, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                            mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample)

@@ -9,6 +9,10 @@ class CheckpointError(GGUFBridgeError):
     """The source checkpoint is missing, truncated, malformed or inconsistent."""
 
 
+class HubError(CheckpointError):
+    """A hub download failed: unknown repository, revision or file, no access, no network, or a checksum mismatch."""
+
+
 class ConfigError(GGUFBridgeError):
     """config.json is unreadable or holds a value ggufbridge cannot convert."""
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
 from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.checkpoint.layout import expect_family
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.checkpoint.safetensors import TensorRef
 from ggufbridge.errors import CheckpointError, ConfigError, PairingError, UnsupportedArchitecture
@@ -134,7 +135,7 @@ def _coupling(cfg: Cfg, nested: Cfg | None, notes: list[str]) -> dict:
     return out
 
 
-# --- name tables: GGUF name → (upstream name without the optional `model.` prefix, expected upstream shape) -------
+# --- name tables: GGUF name → (bare upstream name: checkpoint.layout drops `model.`, expected upstream shape) -------
 
 E = Callable[[DraftParams, int], tuple]  # (params, markov rank) → shape
 
@@ -167,17 +168,6 @@ EMBEDDINGS = ("token_embd.weight", "embed_tokens.weight")
 HEAD = ("output.weight", "lm_head.weight")
 D2T = "d2t"
 NORM_SUFFIXES = ("norm.weight",)  # every RMSNorm weight of the drafter ends so upstream
-
-
-def _strip_prefix(tensors: dict[str, TensorRef]) -> dict[str, TensorRef]:
-    """Upstream drafters store names with or without `model.`; index them without it."""
-    out: dict[str, TensorRef] = {}
-    for name, ref in tensors.items():
-        key = name[len("model."):] if name.startswith("model.") else name
-        if key in out:
-            raise CheckpointError(f"draft tensor {key} is stored twice (with and without the 'model.' prefix)")
-        out[key] = ref
-    return out
 
 
 def _planned(gname: str, ref: TensorRef, want: tuple) -> PlannedTensor:
@@ -242,7 +232,8 @@ def plan_draft(dmd: ModelDir, *, target: ModelDir, target_plan: ConversionPlan, 
     """The `dflash` GGUF plan of a DSpark drafter for `target` (already planned). Raises before anything is written."""
     plan = ConversionPlan(ARCH)
     p = DraftParams.read(Cfg(dmd.config, f"{dmd.path.name}/config.json"), plan.notes)
-    tensors = _strip_prefix(dmd.tensors)
+    expect_family(dmd.layout, "DSpark", dmd.path)
+    tensors = dmd.tensors  # bare upstream names, with or without `model.` in the shards (checkpoint.layout)
     for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight"):
         if name not in tensors:
             raise CheckpointError(f"draft tensor {name} is missing (a DSpark drafter needs its Markov head)")

@@ -1,6 +1,8 @@
 """OpenBMB MiniCPM-V 4.7 (`MiniCPMV4_7ForConditionalGeneration`): Qwen3.5-MoE text tower + SigLIP vision tower.
 
 The text tower becomes a `qwen35moe` GGUF; the vision tower (model.vision_tower.*, model.merger.*) is the mmproj's.
+Names here are transformers-native: the other published layouts are renamed when the folder is opened
+(ggufbridge.checkpoint.layout).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from ggufbridge.arch import qwen35moe
 from ggufbridge.arch.config import Cfg
 from ggufbridge.arch.plan import ConversionPlan
+from ggufbridge.checkpoint.layout import expect_family
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.errors import CheckpointError
 from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab
@@ -29,6 +32,7 @@ class OutputFile:
 
 
 def plan_target(md: ModelDir) -> tuple[ConversionPlan, qwen35moe.TextParams]:
+    expect_family(md.layout, "MiniCPM-V 4.7", md.path)  # names are canonical (transformers) from here on
     root = Cfg(md.config)
     text = root.sub("text_config")
     params = qwen35moe.TextParams.read(text, tied_default=bool(md.config.get("tie_word_embeddings", False)))

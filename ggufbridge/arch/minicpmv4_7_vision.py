@@ -20,6 +20,7 @@ from ggufbridge.errors import CheckpointError, ConfigError
 ARCH = "clip"
 PROJECTOR = "minicpmv4_6"  # the runtime's projector for MiniCPM-V 4.6 and 4.7 (same graph)
 RUNTIME_GRID = 70  # the runtime indexes v.position_embd with a fixed 70×70 bucket grid
+DEFAULT_SCALE_RESOLUTION = 448
 TOWER = "model.vision_tower."
 MERGER = "model.merger.mlp.0."
 # downsample mode → (clip.vision.projector.scale_factor, merge factor per side, vit_merger in the graph)
@@ -99,9 +100,12 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     kernel = root.get("merge_kernel_size", list, [2, 2])
     check(list(kernel) == [2, 2], f"config.json: merge_kernel_size must be [2, 2], found {kernel}")
 
+    # An explicit preprocessor value wins; 4.7 configs may keep downsample_mode in config.json only.
     mode = downsample or pre.get("downsample_mode", str, None) or root.get("downsample_mode", str, "16x")
     check(mode in DOWNSAMPLE, f"downsample mode must be one of {sorted(DOWNSAMPLE)}, found {mode!r}")
-    slice_size = pre.positive("scale_resolution", root.get("image_size", int, 448))
+    # Processors never read config.json for the slice size: omitted, it is their default (transformers' image
+    # processor, sglang, mlx-vlm: 448).
+    slice_size = pre.positive("scale_resolution", DEFAULT_SCALE_RESOLUTION)
     pre_patch = pre.positive("patch_size", patch)
     check(pre_patch == patch, f"{pre.where}: patch_size must equal vision_config.patch_size ({patch}), found {pre_patch}")
     align = patch * DOWNSAMPLE[mode][1]
@@ -223,6 +227,12 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     plan.arr("clip.vision.image_std", [float(x) for x in p.std])
     plan.u32("clip.vision.projector.scale_factor", p.scale_factor)
     plan.arr("clip.vision.wa_layer_indexes", [int(p.insert_layer_id)])  # INT32 elements (the runtime insists)
+    # read by ggufbridge's patched libmtmd only (patches/llama.cpp, docs/vision.md): the processor's own slicing,
+    # canvas M-RoPE and the <image_id> prefix; a stock runtime ignores unknown keys
+    plan.bool("clip.minicpmv.processor_slicing", True)
+    plan.u32("clip.minicpmv.max_slice_nums", p.max_slice_nums)
+    plan.bool("clip.minicpmv.canvas_mrope", True)
+    plan.bool("clip.minicpmv.use_image_id", p.use_image_id)
 
     def take(hf: str, want: tuple, gname: str) -> None:
         ref = md.tensors.get(hf)

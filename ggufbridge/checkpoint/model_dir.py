@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ggufbridge.checkpoint.layout import canonicalize
 from ggufbridge.checkpoint.safetensors import TensorRef, read_header
 from ggufbridge.errors import CheckpointError, ConfigError
 
@@ -16,32 +17,31 @@ SINGLE_NAME = "model.safetensors"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def resolve_model_dir(spec: str | os.PathLike) -> Path:
-    """A local folder, or a Hugging Face repo id already in the local HF cache (resolved offline)."""
+def resolve_model_dir(spec: str | os.PathLike, *, revision: str | None = None, progress: bool = False) -> Path:
+    """A local folder; a hub spec, `hf://[ORG/]NAME[@REV]` or `ms://ORG/NAME[@REV]`, downloaded into (or found in)
+    that hub's cache (see checkpoint.hub); or a Hugging Face repo id already in the local HF cache (resolved
+    offline). `revision` pins a hub spec or a cached repo id to a branch, tag or commit."""
+    from ggufbridge.checkpoint import hub
+
+    s = str(spec)
+    hub_spec = hub.parse_spec(s)
+    if hub_spec is not None:
+        return hub.download(hub.pinned(hub_spec, revision), progress=progress)
     p = Path(spec).expanduser()
     if p.is_dir():
+        if revision is not None:
+            raise CheckpointError(f"{spec}: a local folder has no revisions (--revision is for hub specs)")
         return p
-    s = str(spec)
     if _REPO_ID.match(s) and not p.exists():
-        hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
-        repo = hub.expanduser() / ("models--" + s.replace("/", "--"))
-        snap = _cached_snapshot(repo)
+        snap = hub.cached_hf_snapshot(s, revision)
         if snap is None:
-            raise CheckpointError(f"{s}: not a folder, and no snapshot of that repo id in the HF cache at {hub}")
+            at = f" at revision {revision}" if revision else ""
+            raise CheckpointError(f"{s}: not a folder, and no snapshot of that repo id{at} in the HF cache at "
+                                  f"{hub.hf_cache_dir()} (hf://{s} downloads it)")
         return snap
     if p.exists():
         raise CheckpointError(f"{spec}: expected a model folder, found a file")
     raise CheckpointError(f"{spec}: no such model folder")
-
-
-def _cached_snapshot(repo: Path) -> Path | None:
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        snap = repo / "snapshots" / ref.read_text().strip()
-        if snap.is_dir():
-            return snap
-    snaps = sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
-    return snaps[-1] if snaps else None
 
 
 def load_json(path: Path, what: str) -> dict:
@@ -64,8 +64,9 @@ def load_json(path: Path, what: str) -> dict:
 class ModelDir:
     path: Path
     config: dict
-    tensors: dict[str, TensorRef] = field(repr=False)
+    tensors: dict[str, TensorRef] = field(repr=False)  # by canonical name (see checkpoint.layout); refs keep theirs
     shards: list[Path] = field(repr=False)
+    layout: str = "transformers"  # the name layout the shards were found in (checkpoint.layout.LAYOUTS)
 
     @classmethod
     def open(cls, spec: str | os.PathLike) -> "ModelDir":
@@ -74,7 +75,8 @@ class ModelDir:
             raise CheckpointError(f"{path}: the folder is empty (expected config.json and safetensors shards)")
         config = load_json(path / "config.json", "the model configuration")
         tensors, shards = index_tensors(path)
-        return cls(path, config, tensors, shards)
+        layout, tensors = canonicalize(tensors, path)
+        return cls(path, config, tensors, shards, layout.name)
 
     def file(self, name: str) -> Path | None:
         p = self.path / name

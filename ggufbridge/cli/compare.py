@@ -37,7 +37,9 @@ def check_eval_choice(eval_path, text_path):
 @click.command("compare")
 @click.argument("ggufs", nargs=-1, required=True)
 @click.option("--reference", "-r", required=True,
-              help="hf:DIR | gguf:FILE | exl3:DIR | logits:FILE (a dump from `ggufbridge dump-logits`).")
+              help="hf:DIR | gguf:FILE | exl3:DIR | logits:FILE (a dump from `ggufbridge dump-logits`) | "
+                   "hf://ORG/NAME[@REV] or ms://ORG/NAME[@REV] (a hub checkpoint through transformers, downloaded "
+                   "first; also written hf:hf://...).")
 @eval_options
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), help="Write the Markdown table.")

@@ -1,4 +1,4 @@
-"""`ggufbridge convert MODEL_DIR -o OUT_DIR`."""
+"""`ggufbridge convert MODEL_DIR -o OUT_DIR` (MODEL_DIR: a folder, a hub spec or a repo id in the HF cache)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ TYPES = click.Choice(sorted(OUTTYPES))
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--outtype", type=TYPES, default="f16", show_default=True,
               help="Type of the target's large weights; norms, router and SSM parameters always stay F32.")
-@click.option("--draft", "draft", default=None, help="DSpark draft checkpoint folder: also write the draft GGUF.")
+@click.option("--revision", default=None, metavar="REV",
+              help="Branch, tag or commit of a hub MODEL_DIR (same as hf://ORG/NAME@REV).")
+@click.option("--draft", "draft", default=None, metavar="DIR|hf://ORG/NAME[@REV]",
+              help="DSpark draft checkpoint (folder or hub spec): also write the draft GGUF.")
 @click.option("--draft-outtype", type=TYPES, default="f16", show_default=True, help="Type of the draft's weights.")
 @click.option("--mmproj/--no-mmproj", default=True, show_default=True, help="Also write the vision projector GGUF.")
 @click.option("--mmproj-outtype", type=TYPES, default="f16", show_default=True, help="Type of the mmproj weights.")
@@ -28,14 +31,18 @@ TYPES = click.Choice(sorted(OUTTYPES))
 @click.option("--recipe", default=None, metavar="NAME|FILE.toml", help="Quantise the target with a recipe (hq4, hq3).")
 @click.option("--imatrix", default=None, type=click.Path(dir_okay=False), help="Importance matrix for --quant/--recipe.")
 @user_errors
-def command(model_dir, out_dir, outtype, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename, progress,
-            quant, recipe, imatrix):
-    """Convert an upstream MiniCPM-V 4.7 checkpoint (folder or cached HF repo id) to GGUF files + manifest.json."""
+def command(model_dir, out_dir, outtype, revision, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename,
+            progress, quant, recipe, imatrix):
+    """Convert an upstream MiniCPM-V 4.7 checkpoint to GGUF files + manifest.json.
+
+    MODEL_DIR is a folder; hf://ORG/NAME[@REV] (Hugging Face) or ms://ORG/NAME[@REV] (ModelScope), downloaded
+    into that hub's cache (resumable; only configs, tokenizer and safetensors); or ORG/NAME, a repo already in
+    the HF cache (offline)."""
     from ggufbridge.convert import convert
 
     res = convert(model_dir, out_dir, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                   mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress,
-                  quant=quant, recipe=recipe, imatrix=imatrix)
+                  quant=quant, recipe=recipe, imatrix=imatrix, revision=revision)
     for f in res.files:
         click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")
     click.echo(f"manifest {res.out_dir / 'manifest.json'}")

@@ -9,7 +9,9 @@ from ggufbridge.cli.compare import check_eval_choice, eval_options
 
 
 @click.command("dump-logits")
-@click.option("--model", "-m", required=True, help="hf:DIR | gguf:FILE | exl3:DIR")
+@click.option("--model", "-m", required=True,
+              help="hf:DIR | gguf:FILE | exl3:DIR | hf://ORG/NAME[@REV] or ms://ORG/NAME[@REV] (a hub checkpoint "
+                   "through transformers, downloaded first; also written hf:hf://...).")
 @eval_options
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Output .safetensors.")
 @click.option("--top-k", type=click.IntRange(min=5), default=256, show_default=True,

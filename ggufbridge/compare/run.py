@@ -18,7 +18,8 @@ from tqdm import tqdm
 from ggufbridge.compare import evalset
 from ggufbridge.compare.evalset import Row
 from ggufbridge.compare.metrics import Accumulator, topk_form
-from ggufbridge.compare.sources import LogitsSource, Source, open_source, parse_spec, require_device_for
+from ggufbridge.compare.sources import (LogitsSource, Source, hub_model, localize, open_source, parse_spec,
+                                       require_device_for)
 from ggufbridge.errors import GGUFBridgeError, LogitsMismatch
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,9 @@ def _compare_one(ref: Source, cand: Source, rows: list[Row], chunk: int, progres
 
 
 def _label(spec: str) -> str:
+    found = hub_model(spec)
+    if found is not None:  # not the snapshot folder's name (a commit hash)
+        return found.repo_id.rsplit("/", 1)[-1] + (f"@{found.revision}" if found.revision else "")
     return parse_spec(spec)[1].name
 
 
@@ -140,6 +144,9 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
     """Compare each candidate (GGUF files; also exl3:/hf: models) against the reference on an eval set."""
     if not candidates:
         raise GGUFBridgeError("no candidate model given")
+    shown, labels = reference, [_label(c) for c in candidates]
+    # hub models (hf://, ms://) are downloaded here, once, with progress; from then on they are hf: folders
+    reference, candidates = localize(reference, progress=progress), [localize(c, progress=progress) for c in candidates]
     for spec in (reference, *candidates):
         require_device_for(spec)
     bad = [c for c in candidates if parse_spec(c)[0] not in CANDIDATE_KINDS]
@@ -163,11 +170,11 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
         if floor and ref_kind != "hf" and dump_floor is None:
             raise GGUFBridgeError("--floor needs an hf: reference (or a logits: dump that carries one)")
         results = []
-        for spec in candidates:
+        for spec, label in zip(candidates, labels):
             with open_source(spec, n_ctx=ctx, chunk=chunk) as cand:
                 check_compatible(ref, cand, rows, text)
-                acc = _compare_one(ref, cand, rows, chunk, progress, _label(spec))
-                results.append(Result(_label(spec), spec, acc.summary(), acc.kl_by_kind(), cand.bits_per_weight,
+                acc = _compare_one(ref, cand, rows, chunk, progress, label)
+                results.append(Result(label, spec, acc.summary(), acc.kl_by_kind(), cand.bits_per_weight,
                                       _size_bytes(spec), cand.family))
         floor_summary, floor_note = None, ""
         if ref_kind == "hf" and floor is not False:
@@ -182,7 +189,7 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
             floor_note = "not measured (--no-floor)"
         else:
             floor_note = "not measured (needs an hf: reference or a dump made from one)"
-    return Comparison(reference=reference, results=results, floor=floor_summary, floor_note=floor_note,
+    return Comparison(reference=shown, results=results, floor=floor_summary, floor_note=floor_note,
                       n_rows=len(rows), n_tokens=sum(len(r.ids) for r in rows), ctx=ctx,
                       eval_source=str(eval_path or text_path), eval_sha256=evalset.set_hash(rows),
                       reference_id=fingerprint(reference))
@@ -238,6 +245,7 @@ def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = D
     """Write the top-K form of `model` on an eval set to `out` (see ggufbridge.compare.dump); returns its metadata."""
     from ggufbridge.compare.dump import DumpWriter
 
+    model = localize(model, progress=progress)  # a hub model: downloaded first; the dump names its snapshot folder
     kind, path = parse_spec(model)
     if kind == "logits":
         raise GGUFBridgeError("dump-logits needs a model (hf:, gguf: or exl3:), not a logits: file")

@@ -10,6 +10,10 @@ A spec names a backend and a path:
 Every source yields one row's positions in chunks of at most `chunk` positions, so no more than one chunk of
 logits per source is ever held in host memory. A bare path (no prefix) is taken as `gguf:` if it ends in
 .gguf, `logits:` if it ends in .safetensors, and `hf:` if it is a folder.
+
+`hf:` also takes a hub model, `hf:hf://ORG/NAME[@REV]` or `hf:ms://ORG/NAME[@REV]` (a bare `hf://…` / `ms://…`
+means the same): it is downloaded into that hub's cache first (see ggufbridge.checkpoint.hub). `hf:DIR` keeps its
+meaning, a folder read through transformers: the `://` tells the two apart.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ggufbridge.checkpoint import hub
+from ggufbridge.checkpoint.hub import HubSpec
 from ggufbridge.compare.evalset import Row
 from ggufbridge.compare.metrics import Dense, TopK
 from ggufbridge.errors import DeviceUnavailable, GGUFBridgeError, LogitsMismatch
@@ -32,8 +38,26 @@ KINDS = ("hf", "gguf", "exl3", "logits")
 HF_DTYPES = ("float32", "bfloat16")
 
 
+def hub_model(spec: str) -> HubSpec | None:
+    """The hub model a spec names (`hf:hf://…`, `hf:ms://…`, bare `hf://…` / `ms://…`), else None."""
+    found = hub.parse_spec(spec)
+    if found is None and spec.startswith("hf:"):
+        found = hub.parse_spec(spec[len("hf:"):])
+    return found
+
+
+def localize(spec: str, *, progress: bool = False) -> str:
+    """A spec naming a hub model → `hf:<its local snapshot>`, downloaded first; any other spec unchanged."""
+    found = hub_model(spec)
+    return spec if found is None else f"hf:{hub.download(found, progress=progress)}"
+
+
 def parse_spec(spec: str) -> tuple[str, Path]:
-    """'kind:path' → (kind, path); a bare path is classified by its suffix / being a folder."""
+    """'kind:path' → (kind, path); a bare path is classified by its suffix / being a folder; a hub model is an hf:
+    folder (downloaded, or found in the cache: call `localize` once first to show progress)."""
+    found = hub_model(spec)
+    if found is not None:
+        return "hf", hub.download(found)
     kind, sep, rest = spec.partition(":")
     if sep and kind in KINDS:
         return kind, Path(rest)
@@ -44,7 +68,8 @@ def parse_spec(spec: str) -> tuple[str, Path]:
         return "logits", p
     if p.is_dir():
         return "hf", p
-    raise GGUFBridgeError(f"model spec {spec!r}: expected one of {', '.join(k + ':PATH' for k in KINDS)}")
+    raise GGUFBridgeError(f"model spec {spec!r}: expected one of {', '.join(k + ':PATH' for k in KINDS)}, "
+                          "or hf://ORG/NAME[@REV] / ms://ORG/NAME[@REV]")
 
 
 class Source(ABC):
@@ -264,5 +289,5 @@ def require_device_for(spec: str) -> None:
         exl3.require_exllamav3()
 
 
-__all__ = ["DeviceUnavailable", "EXL3Source", "GGUFSource", "HFSource", "LogitsSource", "Source", "open_source",
-           "parse_spec", "require_device_for"]
+__all__ = ["DeviceUnavailable", "EXL3Source", "GGUFSource", "HFSource", "LogitsSource", "Source", "hub_model",
+           "localize", "open_source", "parse_spec", "require_device_for"]
