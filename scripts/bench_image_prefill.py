@@ -6,9 +6,11 @@
 
 OUT_DIR is a `ggufbridge convert` folder (target + mmproj; a 4x mmproj for the issue's 2×2 4x case).
 
-* patched: `ggufbridge serve OUT_DIR` (this checkout's runtime), one streamed chat with the image as a data URL:
-  time to first token measured by the client, the server's own prompt time, its peak RSS, and the decode calls
-  (image batches from its log, plus one per text chunk around the image).
+* patched: llama-server started as `ggufbridge serve OUT_DIR --recipe R` starts it (this checkout's runtime), one
+  streamed chat with the image as a data URL: time to first token measured by the client, the server's own prompt
+  time, its peak RSS, and the decode calls (the image chunk and the text around it, split into -ub ubatches).
+* token_by_token: the same server with -ub 1, every prompt token decoded alone: what the old path cost where it
+  had to decode slice tokens one by one (available on any machine, the GPU included).
 * baseline: the `run --image` path as it was before the patch series (ggufbridge at --baseline-rev, checked out
   into a temporary git worktree, on the stock runtime --stock-bin): its bindings decoded the frame token by token
   wherever canvas positions broke raster order. Its decode calls are counted by wrapping its decode function, its
@@ -74,50 +76,60 @@ def peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def patched(out_dir: Path, image: Path, recipe: str, log: Path) -> dict:
-    from ggufbridge.runtime import server as sv
+def patched(out_dir: Path, image: Path, recipe: str, log: Path, ubatch: int | None = None) -> dict:
+    """One streamed image chat against llama-server started exactly as `ggufbridge serve` starts it (the recipe's
+    argv), optionally with another -ub (ubatch 1 = every prompt token decoded alone: the old path's cost)."""
+    import dataclasses
 
+    from ggufbridge.runtime import server as sv
+    from ggufbridge.runtime.session import prepare
+
+    s = prepare(out_dir, recipe)
+    if s.problems:
+        raise SystemExit(" | ".join(s.problems))
+    if ubatch:
+        s.recipe = dataclasses.replace(s.recipe, server={**s.recipe.server, "ubatch": ubatch})
     port = sv.free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port),
-                             "--recipe", recipe, "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    argv = sv.server_argv(s.rt.bin_dir / "llama-server", s.recipe, s.plan, s.art, sv.ServeOptions(port=port))
     url = f"http://127.0.0.1:{port}"
-    try:
+    with sv.Server(argv, "127.0.0.1", port, log, env=s.rt.env()) as srv:
         t0 = time.perf_counter()
-        while not _up(url):
-            if proc.poll() is not None:
-                raise SystemExit(f"serve exited: {proc.stdout.read()}")
-            time.sleep(0.2)
+        srv.wait_ready(900)
         t_load = time.perf_counter() - t0
         body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
                                                           {"type": "text", "text": QUESTION}]}],
-                "max_tokens": 1, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-                "timings_per_token": True}
+                "max_tokens": 1, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
         ttft, timings, usage = None, {}, {}
-        with urllib.request.urlopen(req, timeout=900) as r:
+        with urllib.request.urlopen(req, timeout=1800) as r:
             for raw in r:
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 ev = json.loads(line[6:])
-                if ttft is None and any((c.get("delta") or {}).get("content") for c in ev.get("choices", [])):
+                if ttft is None and ev.get("choices") and any(
+                        (c.get("delta") or {}).get("content") for c in ev["choices"]):
                     ttft = time.perf_counter() - t0
                 timings = ev.get("timings") or timings
                 usage = ev.get("usage") or usage
         ttft = ttft if ttft is not None else time.perf_counter() - t0
-        server_pid = _child_pid(proc.pid)
-        rss = peak_rss_kib(server_pid) if server_pid else 0
-    finally:
-        proc.terminate()
-        proc.wait(60)
+        rss = peak_rss_kib(srv.proc.pid)
     text = log.read_text(errors="replace")
     image_batches = len(re.findall(r"decoding image batch \d+/\d+", text))
-    return {"load_s": t_load, "ttft_s": ttft, "prefill_s": timings.get("prompt_ms", 0) / 1000,
-            "prompt_tokens": usage.get("prompt_tokens"), "image_decode_calls": image_batches,
-            "decode_calls": image_batches + 2, "peak_rss_mib": rss / 1024}
+    n_prompt = usage.get("prompt_tokens") or 0
+    ub = s.recipe.server["ubatch"]
+    # every decode is split into -ub ubatches: the image chunk's, and the text before and after it (two chunks)
+    image_tokens = _image_tokens(text)
+    calls = -(-image_tokens // ub) + max(-(-(n_prompt - image_tokens) // ub), 2)
+    return {"ubatch": ub, "load_s": t_load, "ttft_s": ttft, "prefill_s": timings.get("prompt_ms", 0) / 1000,
+            "prompt_tokens": n_prompt, "image_tokens": image_tokens, "image_chunks": image_batches,
+            "decode_calls": calls + text_calls, "peak_rss_mib": rss / 1024}
+
+
+def _image_tokens(log_text: str) -> int:
+    return sum(int(n) for n in re.findall(r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)", log_text))
 
 
 def _up(url: str) -> bool:
@@ -126,15 +138,6 @@ def _up(url: str) -> bool:
         return True
     except Exception:
         return False
-
-
-def _child_pid(pid: int) -> int | None:
-    """The llama-server process under `ggufbridge serve`."""
-    try:
-        out = subprocess.run(["pgrep", "-P", str(pid), "llama-server"], capture_output=True, text=True).stdout.split()
-        return int(out[0]) if out else None
-    except (OSError, ValueError):
-        return None
 
 
 def baseline(out_dir: Path, image: Path, rev: str, stock_bin: Path) -> dict:
@@ -173,13 +176,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(tmp) / "img.png"
         Image.fromarray(np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(image)
-        res = {"size": a.size, "out_dir": str(a.out_dir)}
+        res = {"size": a.size, "out_dir": str(a.out_dir), "recipe": a.recipe}
         res["patched"] = patched(a.out_dir, image, a.recipe, Path(tmp) / "server.log")
-        if a.stock_bin:
-            res["baseline"] = baseline(a.out_dir, image, a.baseline_rev, a.stock_bin)
-            b, p = res["baseline"], res["patched"]
-            res["ratios"] = {"decode_calls": b["decode_calls"] / p["decode_calls"],
-                             "ttft": b["ttft_s"] / p["ttft_s"], "prefill": b["prefill_s"] / max(p["prefill_s"], 1e-9)}
+        res["token_by_token"] = patched(a.out_dir, image, a.recipe, Path(tmp) / "server1.log", ubatch=1)
+        p = res["patched"]
+        res["ratios"] = {}
+        for key in ("token_by_token", "baseline"):
+            if key == "baseline":
+                if not a.stock_bin:
+                    continue
+                res["baseline"] = baseline(a.out_dir, image, a.baseline_rev, a.stock_bin)
+            b = res[key]
+            res["ratios"][key] = {"decode_calls": b["decode_calls"] / p["decode_calls"], "ttft": b["ttft_s"] / p["ttft_s"],
+                                  "prefill": b["prefill_s"] / max(p["prefill_s"], 1e-9)}
     print(json.dumps(res, indent=2))
     if a.json:
         a.json.write_text(json.dumps(res, indent=2) + "\n")

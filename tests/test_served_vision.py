@@ -128,6 +128,23 @@ def test_served_images_match_transformers(ckpt, served, ban, name):
     assert [int(r.argmax()) for r in allowed[clear]] == [t for t, c in zip(turn.ids, clear) if c]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("names", [("1x2", "two-images"), ("2x2-4x",)])
+def test_served_images_on_cuda(ckpt, outs, ban, tmp_path, names):
+    """The patched runtime built with CUDA, every layer on the GPU (recipe h200): the same chats, KL < 1e-3."""
+    downsample = CASES[names[0]][1]
+    srv = Served(outs[downsample or "16x"], tmp_path / "cuda.log", "--recipe", "h200")
+    try:
+        for name in names:
+            msgs = _messages(name)
+            turn = sc.chat(srv.url, msgs, max_tokens=8, top_logprobs=VOCAB, logit_bias=ban)
+            inputs, _, kl = _score(ckpt, msgs, turn, downsample)
+            assert turn.usage["prompt_tokens"] == inputs["input_ids"].shape[1]
+            assert kl.mean() < 1e-3, (name, kl)
+    finally:
+        srv.close()
+
+
 def test_second_turn_reuses_the_cached_image(ckpt, served, ban):
     url = served["16x"].url
     first = _messages("1x2")
@@ -217,7 +234,8 @@ def _encode(ck, text: str) -> list[int]:
     return hf_processor(ck).tokenizer.encode(text, add_special_tokens=False)
 
 
-def test_greedy_equals_transformers_with_and_without_the_draft(ckpt, tmp_path):
+@pytest.mark.parametrize("recipe", ["cpu", pytest.param("h200", marks=pytest.mark.gpu)])
+def test_greedy_equals_transformers_with_and_without_the_draft(ckpt, tmp_path, recipe):
     from ggufbridge.fixtures.dspark import make_dspark
 
     names = ["1x2", "two-images"]
@@ -227,7 +245,7 @@ def test_greedy_equals_transformers_with_and_without_the_draft(ckpt, tmp_path):
     want = _encode(ck, CONTINUATION)
     answers = {}
     for flag in ((), ("--draft",)):
-        srv = Served(out, tmp_path / f"s{len(flag)}.log", *flag)
+        srv = Served(out, tmp_path / f"s{len(flag)}.log", "--recipe", recipe, *flag)
         try:
             answers[flag] = [sc.chat(srv.url, _messages(n), max_tokens=len(want), top_logprobs=1) for n in names]
         finally:
