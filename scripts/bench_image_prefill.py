@@ -16,7 +16,8 @@ OUT_DIR is a `ggufbridge convert` folder (target + mmproj; a 4x mmproj for the i
   wherever canvas positions broke raster order. Its decode calls are counted by wrapping its decode function, its
   time to first token is prompt layout + encoding + prefill + the first sampled token.
 
-Both run the same chat ("<image>\\nWhat is in the picture?"), greedy. Ratios are baseline / patched.
+Both run the same chat (the image, then "What is in the picture?"), greedy, after one unmeasured warm-up request
+(the server's prompt cache is off for the measured one). Ratios are token_by_token or baseline / patched.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import base64
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +39,8 @@ QUESTION = "What is in the picture?"
 
 BASELINE = r'''
 import json, sys, time
+# the worktree's ggufbridge, not this environment's editable install (whose finder would win over PYTHONPATH)
+sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 import numpy as np
 from PIL import Image
 from ggufbridge.vision import bindings as B
@@ -51,6 +53,9 @@ def counted(self, *a, **k):
 B.VisionSession._decode = counted
 t0 = time.perf_counter()
 with B.VisionSession(sys.argv[1], sys.argv[2], n_ctx=8192) as s:
+    crops, _ = s.prepare_image(img)  # warm-up, unmeasured (as for the server)
+    s.generate(s.build_prompt(B.chat_parts([crops], sys.argv[4])), n_predict=1)
+    calls["n"] = 0
     t_load = time.perf_counter()
     crops, notes = s.prepare_image(img)
     pr = s.build_prompt(B.chat_parts([crops], sys.argv[4]))
@@ -98,7 +103,13 @@ def patched(out_dir: Path, image: Path, recipe: str, log: Path, ubatch: int | No
         t_load = time.perf_counter() - t0
         body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
                                                           {"type": "text", "text": QUESTION}]}],
-                "max_tokens": 1, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+                "max_tokens": 1, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                "cache_prompt": False}
+        # one unmeasured request first: the first image also pays one-time set-up (vision graph, kernels, buffers)
+        warm = json.loads(json.dumps(body))
+        warm["stream"] = False
+        warm.pop("stream_options")
+        sv.http_json(url + "/v1/chat/completions", warm, timeout=1800)
         req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
@@ -116,28 +127,13 @@ def patched(out_dir: Path, image: Path, recipe: str, log: Path, ubatch: int | No
                 usage = ev.get("usage") or usage
         ttft = ttft if ttft is not None else time.perf_counter() - t0
         rss = peak_rss_kib(srv.proc.pid)
-    text = log.read_text(errors="replace")
-    image_batches = len(re.findall(r"decoding image batch \d+/\d+", text))
     n_prompt = usage.get("prompt_tokens") or 0
     ub = s.recipe.server["ubatch"]
-    # every decode is split into -ub ubatches: the image chunk's, and the text before and after it (two chunks)
-    image_tokens = _image_tokens(text)
-    calls = -(-image_tokens // ub) + max(-(-(n_prompt - image_tokens) // ub), 2)
+    # llama_decode calls: the prompt is three chunks (text, the image frame, text), each split into -ub ubatches,
+    # and the server decodes the prompt's last tokens apart (for its context checkpoint): at most this many
+    calls = n_prompt if ub == 1 else -(-n_prompt // ub) + 3
     return {"ubatch": ub, "load_s": t_load, "ttft_s": ttft, "prefill_s": timings.get("prompt_ms", 0) / 1000,
-            "prompt_tokens": n_prompt, "image_tokens": image_tokens, "image_chunks": image_batches,
-            "decode_calls": calls + text_calls, "peak_rss_mib": rss / 1024}
-
-
-def _image_tokens(log_text: str) -> int:
-    return sum(int(n) for n in re.findall(r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)", log_text))
-
-
-def _up(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url + "/health", timeout=2)
-        return True
-    except Exception:
-        return False
+            "prompt_tokens": n_prompt, "decode_calls": calls, "peak_rss_mib": rss / 1024}
 
 
 def baseline(out_dir: Path, image: Path, rev: str, stock_bin: Path) -> dict:
@@ -151,7 +147,7 @@ def baseline(out_dir: Path, image: Path, rev: str, stock_bin: Path) -> dict:
         try:
             env = dict(os.environ, PYTHONPATH=str(wt), LLAMA_CPP_LIB_PATH=str(stock_bin), MTMD_CPP_LIB=str(stock_bin))
             p = subprocess.run([sys.executable, "-c", BASELINE, str(files["target"].path), str(files["mmproj"].path),
-                                str(image), QUESTION], capture_output=True, text=True, env=env, timeout=3600)
+                                str(image), QUESTION], capture_output=True, text=True, env=env, timeout=3600, cwd=wt)
             if p.returncode != 0:
                 raise SystemExit(f"baseline failed:\n{p.stderr[-2000:]}")
             return json.loads(p.stdout.strip().splitlines()[-1])

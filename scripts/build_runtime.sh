@@ -69,14 +69,33 @@ if [ ! -f "$TREE/.patched" ]; then
   mv "$TREE.tmp" "$TREE"
 fi
 
+# the tree's .git file points at the sdist's submodule repository by a relative path: point it there absolutely so
+# that the build records the pinned commit (llama-server --version) from the patched copy too
+[ -d "$SRC/.git/modules/vendor/llama.cpp" ] && echo "gitdir: $SRC/.git/modules/vendor/llama.cpp" >"$TREE/.git"
+
+args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+      -DGGML_RPC=ON -DLLAMA_BUILD_MTMD=ON)
+if [ "$CUDA" = 1 ]; then
+  args+=(-DGGML_CUDA=ON)
+  [ -n "$CUDA_ARCH" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
+fi
+# The CPU code is built for this machine (GGML_NATIVE), except AMX: virtual machines may advertise AMX and still
+# trap its tile instructions (SIGILL in ggml's AMX Q8_0/Q4 kernels, seen on this project's CI machines). Where
+# /proc/cpuinfo lists amx_tile, the native feature set is spelled out without it.
+if [ "$(uname -m)" = x86_64 ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  args+=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    case "$flags" in *" ${pair%%:*} "*) args+=("-DGGML_${pair##*:}=ON") ;; *) args+=("-DGGML_${pair##*:}=OFF") ;; esac
+  done
+fi
+# a build made with other settings (e.g. before the line above) is rebuilt in place, incrementally
+BUILD_KEY=$(printf '%s\n' "${args[@]}" | sha256sum | cut -c1-12)
+grep -q "\"build_key\": \"$BUILD_KEY\"" "$PREFIX/runtime.json" 2>/dev/null || rm -f "$PREFIX/runtime.json"
+
 if [ ! -f "$PREFIX/runtime.json" ]; then
-  args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
-        -DGGML_RPC=ON -DLLAMA_BUILD_MTMD=ON)
-  if [ "$CUDA" = 1 ]; then
-    args+=(-DGGML_CUDA=ON)
-    [ -n "$CUDA_ARCH" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
-  fi
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   echo "build_runtime: configuring ($VARIANT) in $PREFIX/build"
@@ -89,8 +108,8 @@ if [ ! -f "$PREFIX/runtime.json" ]; then
   [ "$CUDA" = 1 ] && backends='["cpu","rpc","cuda"]'
   plist=""
   for f in "${PATCHES[@]}"; do plist="$plist${plist:+, }\"$(basename "$f" .patch)\""; done
-  printf '{"version": "%s", "commit": "%s", "variant": "%s", "backends": %s, "bin": "%s", "patches": [%s], "patch_hash": "%s"}\n' \
-    "$VERSION" "$COMMIT" "$VARIANT" "$backends" "$PREFIX/build/bin" "$plist" "$PHASH" >"$PREFIX/runtime.json"
+  printf '{"version": "%s", "commit": "%s", "variant": "%s", "backends": %s, "bin": "%s", "patches": [%s], "patch_hash": "%s", "build_key": "%s"}\n' \
+    "$VERSION" "$COMMIT" "$VARIANT" "$backends" "$PREFIX/build/bin" "$plist" "$PHASH" "$BUILD_KEY" >"$PREFIX/runtime.json"
 fi
 echo "build_runtime: runtime ready in $PREFIX/build/bin"
 

@@ -9,8 +9,8 @@ Greedy identity is checked on the same layers with a head refitted to continue e
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +26,8 @@ from ggufbridge.convert import convert
 from ggufbridge.runtime import server as sv
 
 pytestmark = pytest.mark.slow
+# the CUDA gated-delta-net kernel takes state sizes of 16/32/64/128 only: the same spec serves the CPU and GPU tests
+SPEC = dataclasses.replace(SPEC_THW, linear_k_dim=16, linear_v_dim=16)
 
 QUESTION = "What is in the picture?"
 CASES = {  # name -> (image sizes (w, h), downsample mode)
@@ -56,7 +58,7 @@ def _messages(name: str) -> list[dict]:
 def ckpt(tmp_path_factory):
     from ggufbridge.fixtures.checkpoint import load_reference, make_minicpmv47
 
-    ck = make_minicpmv47(tmp_path_factory.mktemp("sv-ck"), SPEC_THW, vocab="small")
+    ck = make_minicpmv47(tmp_path_factory.mktemp("sv-ck"), SPEC, vocab="small")
     return ck, load_reference(ck)
 
 
@@ -172,6 +174,26 @@ def stock_copy(out_dir: Path, dst: Path) -> Path:
         raw = raw.replace(key, key[:-1] + b"X")
     mm.write_bytes(raw)
     return dst
+
+
+def test_image_files_under_media_path(ckpt, outs, ban, tmp_path):
+    """`serve --media-path DIR` lets clients name images as file:// URLs: the same answer as the data URL."""
+    from PIL import Image
+
+    media = tmp_path / "media"
+    media.mkdir()
+    img = random_image(250, 130, seed=5)
+    img.save(media / "river.png")
+    srv = Served(outs["16x"], tmp_path / "m.log", "--media-path", str(media))
+    try:
+        by_file = sc.chat(srv.url, [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "file://river.png"}}, {"type": "text", "text": QUESTION}]}],
+            max_tokens=6, top_logprobs=1, logit_bias=ban)
+        by_data = sc.chat(srv.url, [sc.user_turn([Image.open(media / "river.png").convert("RGB")], QUESTION)],
+                          max_tokens=6, top_logprobs=1, logit_bias=ban)
+    finally:
+        srv.close()
+    assert by_file.ids == by_data.ids and by_file.usage["prompt_tokens"] == by_data.usage["prompt_tokens"]
 
 
 def test_stock_layout_is_measurably_worse(ckpt, outs, ban, tmp_path):

@@ -30,14 +30,16 @@ from ggufbridge.runtime.session import prepare
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for llama-server.")
 @click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
               help="A llama.cpp build/bin directory to use instead of the cached build.")
+@click.option("--media-path", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder whose images clients may name as file://RELATIVE/PATH in image_url (off by default).")
 @click.option("--dry-run", is_flag=True, help="Print the command and the memory plan; start nothing.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="llama-server log file (default: OUT_DIR/llama-server.log).")
 @click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True,
               help="Seconds to wait for /health.")
 @user_errors
-def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, dry_run, log_path,
-            timeout):
+def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, media_path, dry_run,
+            log_path, timeout):
     """Serve OUT_DIR (written by `ggufbridge convert`) with llama-server, OpenAI-compatible under /v1."""
     recipe = load_recipe(recipe_name)
     workers = recipe.rpc["workers"]
@@ -46,7 +48,8 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     else:
         endpoints = sv.parse_rpc(rpc, workers)
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
-    opts = sv.ServeOptions(host=host, port=port, api_key=api_key, draft=draft, rpc=endpoints, threads=threads)
+    opts = sv.ServeOptions(host=host, port=port, api_key=api_key, draft=draft, rpc=endpoints, threads=threads,
+                           extra=["--media-path", str(Path(media_path).resolve())] if media_path else [])
     server_bin = s.rt.bin_dir / "llama-server" if s.rt else Path("llama-server")
     argv = sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts)
     if dry_run:

