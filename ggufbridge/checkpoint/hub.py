@@ -15,7 +15,6 @@ from `.incomplete` files and checks sha256 itself.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ggufbridge.errors import HubError
+from ggufbridge.ggufio.manifest import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def _fetch_blob(url: str, blob: Path, size: int, headers: dict, lock: Path, bar,
         with open(part, "ab") as fh:
             http_get(url, fh, resume_size=done, headers=dict(headers), expected_size=size, displayed_filename=what,
                      tqdm_class=_Into(bar))
-        digest = _sha256(part)
+        digest = sha256_file(part)
         if digest != blob.name:
             part.unlink()
             raise HubError(f"{what}: checksum mismatch: the downloaded bytes have sha256 {digest[:16]}…, the hub "
@@ -299,10 +299,3 @@ def _size(p: Path) -> int:
     except FileNotFoundError:
         return 0
 
-
-def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
