@@ -260,18 +260,22 @@ def _encode(ck, text: str) -> list[int]:
 def test_greedy_equals_transformers_with_and_without_the_draft(ckpt, tmp_path, recipe):
     from ggufbridge.fixtures.dspark import make_dspark
 
-    names = ["1x2", "two-images"]
+    names = list(CASES)  # every layout, 16x and 4x
     ck = _decisive(ckpt, tmp_path, names)
     draft = make_dspark(tmp_path / "dspark", ck, "tiny")
-    out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", draft=draft, progress=False).out_dir
+    outs = {d: convert(ck, tmp_path / f"out-{d}", outtype="f32", mmproj_outtype="f32", draft=draft, downsample=d,
+                       progress=False).out_dir for d in ("16x", "4x")}
     want = _encode(ck, CONTINUATION)
-    answers = {}
-    for flag in ((), ("--draft",)):
-        srv = Served(out, tmp_path / f"s{len(flag)}.log", "--recipe", recipe, *flag)
-        try:
-            answers[flag] = [sc.chat(srv.url, _messages(n), max_tokens=len(want), top_logprobs=1) for n in names]
-        finally:
-            srv.close()
+    answers = {(): [None] * len(names), ("--draft",): [None] * len(names)}
+    for d, out in outs.items():
+        for flag in ((), ("--draft",)):
+            srv = Served(out, tmp_path / f"s{d}{len(flag)}.log", "--recipe", recipe, *flag)
+            try:
+                for k, n in enumerate(names):
+                    if (CASES[n][1] or "16x") == d:
+                        answers[flag][k] = sc.chat(srv.url, _messages(n), max_tokens=len(want), top_logprobs=1)
+            finally:
+                srv.close()
     for k, name in enumerate(names):
         plain, drafted = answers[()][k], answers[("--draft",)][k]
         assert plain.ids == want, (name, plain.ids, want)  # transformers' decisive continuation, token for token
