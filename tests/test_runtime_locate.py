@@ -151,8 +151,11 @@ def test_non_executable_and_broken_server(tmp_path):
 # ------------------------------------------------------------------ search order
 
 
-def _cached(cache: Path, variant: str) -> Path:
-    prefix = cache / f"llama.cpp-{loc.RUNTIME_VERSION}-{variant}"
+def _cached(cache: Path, variant: str, patch_hash: str | None = None) -> Path:
+    """A build folder as scripts/build_runtime.sh names it: keyed by the patch series' hash."""
+    from ggufbridge.runtime.patches import series_hash
+
+    prefix = cache / f"llama.cpp-{loc.RUNTIME_VERSION}-{variant}-p{patch_hash or series_hash()}"
     (prefix / "build" / "bin").mkdir(parents=True)
     (prefix / "runtime.json").write_text(json.dumps({"version": loc.RUNTIME_VERSION, "commit": loc.PINNED_COMMIT,
                                                      "variant": variant, "backends": ["cpu", variant],
@@ -164,7 +167,10 @@ def test_search_order(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("GGUFBRIDGE_CACHE", str(cache))
     monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)
-    with pytest.raises(RuntimeNotFound, match="no cached build .*llama.cpp-0.3.36-cuda/runtime.json"):
+    with pytest.raises(RuntimeNotFound, match="no cached build .*llama.cpp-0.3.36-cuda-p[0-9a-f]{12}/runtime.json"):
+        loc.locate()
+    _cached(cache, "cuda", patch_hash="0123456789ab")  # a build of another patch series is not this checkout's
+    with pytest.raises(RuntimeNotFound, match="no cached build"):
         loc.locate()
     cpu = _cached(cache, "cpu")
     assert loc.locate().bin_dir == cpu
