@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ggufbridge.cli._common import user_errors
+from ggufbridge.cli._think import think_options
 from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import patches
 from ggufbridge.runtime import server as sv
@@ -40,8 +41,10 @@ def assistant_text(transcript: str) -> str:
 @click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
               help="A llama.cpp build/bin directory to use instead of the cached build.")
 @click.option("--show-command", is_flag=True, help="Print the llama-cli command on stderr.")
+@think_options
 @user_errors
-def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, llama_bin, show_command):
+def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, llama_bin, show_command, think,
+            reasoning_budget):
     """Answer PROMPT once with the chat template of the converted model and print the text."""
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
     if s.problems:
@@ -54,9 +57,9 @@ def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, ima
         if not s.rt.canvas_mrope:
             click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
         click.echo(ask_with_images(s, prompt, list(images), draft=draft, n_predict=n_predict, temp=temp, seed=seed,
-                                   show_command=show_command))
+                                   show_command=show_command, think=think, reasoning_budget=reasoning_budget))
         return
-    opts = sv.ServeOptions(draft=draft)
+    opts = sv.ServeOptions(draft=draft, think=think, reasoning_budget=reasoning_budget)
     with tempfile.TemporaryDirectory(prefix="ggufbridge-run-") as tmp:
         out_file, log = Path(tmp) / "transcript.txt", Path(tmp) / "llama-cli.log"
         argv = sv.cli_argv(s.rt.tool("llama-cli"), s.recipe, s.plan, s.art, opts, prompt=prompt,

@@ -31,11 +31,13 @@ def image_part(path: str) -> dict:
 
 
 def ask_with_images(s: Session, prompt: str, images: list[str], *, draft: bool, n_predict: int, temp: float,
-                    seed: int, show_command: bool = False, timeout: float = 900.0) -> str:
+                    seed: int, show_command: bool = False, timeout: float = 900.0, think: bool | None = None,
+                    reasoning_budget: int | None = None) -> str:
     parts = [image_part(p) for p in images] + [{"type": "text", "text": prompt}]
     host, port = "127.0.0.1", sv.free_port()
     argv = sv.server_argv(s.rt.bin_dir / "llama-server", s.recipe, s.plan, s.art,
-                          sv.ServeOptions(host=host, port=port, draft=draft, metrics=False))
+                          sv.ServeOptions(host=host, port=port, draft=draft, metrics=False, think=think,
+                                          reasoning_budget=reasoning_budget))
     if show_command:
         click.echo(f"command: {sv.printable(argv)}", err=True)
     with tempfile.TemporaryDirectory(prefix="ggufbridge-run-") as tmp:

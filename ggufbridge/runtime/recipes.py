@@ -93,6 +93,8 @@ SCHEMA = {
         "cache_type_k": (_choice(tuple(KV_TYPES)), "f16"), "cache_type_v": (_choice(tuple(KV_TYPES)), "f16"),
         "n_gpu_layers": (_layers, "auto"), "n_cpu_moe": (_layers, 0), "mmproj_offload": (_bool, True),
         "threads": (_int(1), None), "extra_args": (None, []),
+        # thinking off unless asked, as upstream's recommended serving ({"enable_thinking": false})
+        "think": (_bool, False), "reasoning_budget": (_int(-1), -1),
     },
     "draft": {
         "ctx_cap": (_int(256), 8192), "n_max": (_int(1, MAX_DRAFT_N), 8), "n_min": (_int(0), 0),

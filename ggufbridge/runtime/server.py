@@ -41,6 +41,8 @@ class ServeOptions:
     threads: int | None = None
     metrics: bool = True
     extra: list[str] = field(default_factory=list)
+    think: bool | None = None  # None: the recipe's server.think
+    reasoning_budget: int | None = None  # None: the recipe's server.reasoning_budget (-1 = unlimited)
 
 
 def parse_rpc(value: str | None, workers: int) -> list[str]:
@@ -81,6 +83,7 @@ def _common_args(recipe: Recipe, plan: Plan, art: Artifacts, opts: ServeOptions)
         a += ["--mmproj", str(art.mmproj.path)]
         if not srv["mmproj_offload"]:
             a.append("--no-mmproj-offload")
+    a += _reasoning_args(recipe, opts)
     if opts.draft:
         if art.draft is None:
             raise ServerError(f"--draft: {art.out_dir}/manifest.json lists no 'draft' file; convert the DSpark "
@@ -94,9 +97,23 @@ def _common_args(recipe: Recipe, plan: Plan, art: Artifacts, opts: ServeOptions)
     return a + list(srv["extra_args"]) + list(opts.extra)
 
 
+def _reasoning_args(recipe: Recipe, opts: ServeOptions) -> list[str]:
+    """Thinking through the runtime's own switch, always explicit: its default `auto` follows the template, and
+    turns thinking on for Qwen3.5's (which thinks unless `enable_thinking` is false). `--reasoning` sets the
+    template's `enable_thinking` default; a request's `chat_template_kwargs` still overrides it."""
+    think = recipe.server["think"] if opts.think is None else opts.think
+    budget = recipe.server["reasoning_budget"] if opts.reasoning_budget is None else opts.reasoning_budget
+    a = ["--reasoning", "on" if think else "off"]
+    if budget >= 0:
+        a += ["--reasoning-budget", str(budget)]
+    return a
+
+
 def server_argv(server_bin: str | Path, recipe: Recipe, plan: Plan, art: Artifacts, opts: ServeOptions) -> list[str]:
     a = [str(server_bin), *_common_args(recipe, plan, art, opts), "--host", opts.host, "--port", str(opts.port),
-         "-np", str(recipe.server["parallel"]), "-a", model_alias(art), "--jinja"]
+         "-np", str(recipe.server["parallel"]), "-a", model_alias(art), "--jinja",
+         # thoughts in message.reasoning_content (OpenAI clients' field), not inline <think> text in content
+         "--reasoning-format", "deepseek"]
     if opts.metrics:
         a.append("--metrics")
     if opts.api_key:
