@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,9 +19,11 @@ from ggufbridge import __version__
 from ggufbridge.arch import converter_for
 from ggufbridge.arch.plan import ConversionPlan
 from ggufbridge.checkpoint.model_dir import ModelDir, resolve_model_dir
-from ggufbridge.errors import GGUFBridgeError
+from ggufbridge.errors import GGUFBridgeError, OutputError
+from ggufbridge.ggufio import generation
 from ggufbridge.ggufio.manifest import MANIFEST, sha256_file
-from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, tmp_name, write_gguf
+from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, remove_stale_parts, tmp_name, write_gguf
+from ggufbridge.signals import deferred
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +151,27 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
 def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = None, draft=None,
             draft_outtype: str = "f16", mmproj: bool = True, mmproj_outtype: str = "f16",
             downsample: str | None = None, progress: bool = True, quant: str | None = None,
-            recipe: str | None = None, imatrix=None, revision: str | None = None) -> ConvertResult:
+            recipe: str | None = None, imatrix=None, revision: str | None = None, force: bool = False,
+            allow_nonfinite: bool = False) -> ConvertResult:
     """`model_dir` and `draft`: a folder, a hub spec (`hf://ORG/NAME[@REV]`, `ms://ORG/NAME[@REV]`; downloaded
-    first) or a repo id in the HF cache; `revision` pins `model_dir`'s."""
+    first) or a repo id in the HF cache; `revision` pins `model_dir`'s.
+
+    An `out_dir` that already holds a conversion (manifest.json or a GGUF) is refused unless `force`; with
+    `force` the new conversion replaces the old one as a whole, once it is complete (files the old manifest lists
+    and the new one does not are deleted). Weights holding NaN/Inf are refused unless `allow_nonfinite`."""
     from ggufbridge.quant import pipeline as qp  # quant=/recipe=: the target goes through llama-quantize
 
     qlabel = qp.prepare(quant, recipe, imatrix, outtype) if quant is not None or recipe is not None else None
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise GGUFBridgeError(f"{out}: output path exists and is not a folder")
+    if out.is_dir():  # before any download: what a dead earlier run left is settled first
+        generation.recover(out)
+        remove_stale_parts(out)
+        existing = generation.existing_outputs(out)
+        if existing and not force:
+            raise OutputError(f"{out} already holds a conversion ({', '.join(existing[:3])}"
+                              f"{', …' if len(existing) > 3 else ''}): refused; --force replaces it with this one")
     model_dir = resolve_model_dir(model_dir, revision=revision, progress=progress)
     if draft is not None:
         draft = resolve_model_dir(draft, progress=progress)
@@ -166,18 +182,16 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     for note in notes:  # notes are logged here only, once; sanity warnings at WARNING
         (log.warning if "warning" in note else log.info)(note)
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise GGUFBridgeError(f"{out}: output path exists and is not a folder")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     written: list[tuple[str, Written, str]] = []
     manifest_tmp = tmp_name(out / MANIFEST)
     total = sum(t.source_bytes for o in outputs for t in o.plan.tensors)
     sources = sorted(p for p in md.path.iterdir() if p.is_file() and not p.name.startswith("."))
+    # Hash the source files on a second thread while converting: hashlib releases the GIL on large buffers.
+    pool = ThreadPoolExecutor(max_workers=1)
     try:
-        # Hash the source files on a second thread while converting: hashlib releases the GIL on large buffers.
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
             src_hashes = pool.map(sha256_file, sources)
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                       desc="convert", leave=False) as bar:
@@ -185,25 +199,33 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
                     if o.role == "target" and qlabel:
                         w, _ = qp.write_quantized(o.plan, out / qp.quant_filename(o.filename, o.outtype, qlabel),
                                                   o.outtype, quant=quant, recipe=recipe, imatrix=imatrix,
-                                                  progress=bar.update)
+                                                  progress=bar.update, allow_nonfinite=allow_nonfinite)
                         written.append((o.role, w, qlabel))
                         continue
-                    w = write_gguf(o.plan, out / o.filename, o.outtype, progress=bar.update)
+                    w = write_gguf(o.plan, out / o.filename, o.outtype, progress=bar.update,
+                                   allow_nonfinite=allow_nonfinite)
                     written.append((o.role, w, o.outtype))
             source = {s.name: h for s, h in zip(sources, src_hashes)}
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # interrupted: do not hash the rest of the checkpoint
         files = [
             {"role": role, "path": w.final.name, "bytes": w.nbytes, "sha256": w.sha256, "type": otype.upper()}
             for role, w, otype in written
         ]
         manifest = {"files": files, "source": source, "ggufbridge": __version__}
-        manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        for _, w, _ in written:
-            w.commit()
-        os.replace(manifest_tmp, out / MANIFEST)
+        try:
+            manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        except OSError as e:
+            raise OutputError(f"cannot write {out / MANIFEST} (as {manifest_tmp.name}): {e.strerror or e}") from None
+        with deferred():  # the renames are the commit: a signal waits until they are all done
+            generation.commit(out, manifest_tmp, [(w.path, w.final) for _, w, _ in written])
+            for _, w, _ in written:
+                w.path = w.final
     except BaseException:
+        # the pending manifest goes first: while it exists, recovery takes its temporary files as complete
+        manifest_tmp.unlink(missing_ok=True)
         for _, w, _ in written:
             w.discard()
-        manifest_tmp.unlink(missing_ok=True)
         if created and not any(out.iterdir()):
             out.rmdir()
         raise

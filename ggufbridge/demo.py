@@ -39,7 +39,8 @@ def run_demo(work_dir: Path | None = None, echo=print) -> DemoResult:
         echo(f"1/4 synthetic MiniCPM-V 4.7 (transformers, real Qwen3.5 vocabulary) → {ckpt}")
         make_minicpmv47(ckpt, "tiny")
     echo("2/4 converting to GGUF (F32 and Q8_0)")
-    results = {t: convert(ckpt, work / f"gguf-{t}", outtype=t, progress=False) for t in ("f32", "q8_0")}
+    # force: the demo's own folders, rewritten on every run with the same work folder
+    results = {t: convert(ckpt, work / f"gguf-{t}", outtype=t, progress=False, force=True) for t in ("f32", "q8_0")}
     echo("3/4 parity: transformers float32 vs llama.cpp, teacher-forced")
     model = hf_model(ckpt)
     ref = {p: hf_logits(model, reference_encode(p)) for p in PROMPTS}

@@ -79,3 +79,11 @@ class QuantError(GGUFBridgeError):
 
 class VerifyError(GGUFBridgeError):
     """An output folder does not match its manifest or its source checkpoint."""
+
+
+class OutputError(GGUFBridgeError):
+    """An output file cannot be written (disk full, permissions), or OUT_DIR already holds a conversion."""
+
+
+class NonFiniteWeights(CheckpointError):
+    """Source weights hold NaN or Inf values."""

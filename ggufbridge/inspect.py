@@ -32,6 +32,7 @@ class TensorInfo:
     shape: tuple[int, ...]  # ggml order: fastest-varying first
     type: str
     nbytes: int
+    offset: int = 0  # within the data section
 
 
 @dataclass
@@ -108,14 +109,21 @@ def read_header(path: str | Path) -> GGUFHeader:
                     raise GGUFFileError(f"{path}: tensor {name} has {nd} dimensions (at most 8 expected)")
                 dims = struct.unpack(f"<{nd}Q", r.read(8 * nd))
                 qt = r.unpack("<I")
-                r.unpack("<Q")  # offset
+                offset = r.unpack("<Q")
                 try:
                     t = GGMLQuantizationType(qt)
                 except ValueError:
                     raise GGUFFileError(f"{path}: tensor {name} has unknown GGML type {qt}") from None
                 block, bsize = GGML_QUANT_SIZES[t]
                 n = int(np.prod(dims, dtype=np.int64)) if dims else 1
-                tensors.append(TensorInfo(name, tuple(int(d) for d in dims), t.name, n // block * bsize))
+                tensors.append(TensorInfo(name, tuple(int(d) for d in dims), t.name, n // block * bsize, offset))
+            # a file cut short keeps a whole header: only the data section's end against the file size tells
+            align = kv.get("general.alignment", 32)
+            align = align if isinstance(align, int) and align > 0 else 32
+            data_start = f.tell() + (-f.tell()) % align
+            end = data_start + max((t.offset + t.nbytes for t in tensors), default=0)
+            if end > size:
+                raise GGUFFileError(f"{path}: truncated GGUF: its tensor data needs {end} bytes, the file has {size}")
     except OSError as e:
         raise GGUFFileError(f"cannot read {path}: {e.strerror or e}") from None
     return GGUFHeader(path, version, kv, tensors, size)

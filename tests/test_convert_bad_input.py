@@ -113,6 +113,14 @@ def missing_tokenizer(d):
     (d / "tokenizer.json").unlink()
 
 
+def tokenizer_top_level_list(d):
+    (d / "tokenizer.json").write_text("[1, 2, 3]")  # issue 15: crashed in data.get
+
+
+def tokenizer_merges_integers(d):
+    _edit_json(d / "tokenizer.json", lambda t: t["model"].update(merges=[[1, 2], [3, 4]]))  # issue 15: " ".join
+
+
 def empty_folder(d):
     for p in d.iterdir():
         p.unlink()
@@ -155,6 +163,8 @@ CASES = {
     config_not_json: "not valid JSON",
     preprocessor_not_json: "preprocessor_config.json: not valid JSON",
     missing_tokenizer: "tokenizer.json",
+    tokenizer_top_level_list: "expected a JSON object at the top level, found list",
+    tokenizer_merges_integers: "model.merges[0]",
     empty_folder: "empty",
     shapes_contradict_config: "expected shape",
     experts_contradict_config: "expected shape [16, 64]",
@@ -218,6 +228,6 @@ def test_existing_output_is_kept_when_a_new_conversion_fails(small_ckpt, tmp_pat
 
     monkeypatch.setattr(writer, "encode", boom)
     with pytest.raises(RuntimeError):
-        convert(small_ckpt, out, outtype="f32", progress=False, mmproj=False)
+        convert(small_ckpt, out, outtype="f32", progress=False, mmproj=False, force=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert first.path("target").exists()

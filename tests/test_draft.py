@@ -15,6 +15,7 @@ from gguf import GGUFReader, GGUFValueType
 
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
+from ggufbridge.errors import NonFiniteWeights
 from ggufbridge.fixtures import dspark as fx
 
 
@@ -250,8 +251,12 @@ def test_sanity_warnings(target, tmp_path, caplog, problem, words):
     else:
         t = {"markov_head.markov_w2.weight": np.zeros((512, spec.markov_rank), np.float32)}
     d = fx.make_dspark(tmp_path / "d", target, spec, tensors=t, dtype=dtype)
+    nonfinite = problem in ("nan", "inf bf16")
+    if nonfinite:  # refused by default (issue 15); --allow-nonfinite writes them, and the sanity note still comes
+        with pytest.raises(NonFiniteWeights, match=words[1]):
+            _convert(target, d, tmp_path / "refused")
     with caplog.at_level(logging.WARNING):
-        res = _convert(target, d, tmp_path / "out")
+        res = _convert(target, d, tmp_path / "out", allow_nonfinite=nonfinite)
     notes = [n for n in res.notes if "sanity" in n]
     assert len(notes) == 1, res.notes
     for w in words:

@@ -179,6 +179,17 @@ def test_bad_files_are_one_line_errors(pair, tmp_path, content):
     assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith("Error: "), out
 
 
+def test_file_cut_in_half_is_refused_naming_the_sizes(pair, tmp_path):
+    """Issue 15: a GGUF cut in half keeps its whole header; inspect reported its tensors as if present."""
+    whole = pair[2].path("draft").read_bytes()
+    bad = tmp_path / "half.gguf"
+    bad.write_bytes(whole[: len(whole) // 2])
+    code, out = _inspect(bad)
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "truncated GGUF" in out and f"the file has {len(whole) // 2}" in out, out
+    assert "Traceback" not in out
+
+
 def test_missing_file_is_a_one_line_error(tmp_path):
     code, out = _inspect(tmp_path / "nope.gguf")
     assert code == 2 and len(out.strip().splitlines()) == 1 and "nope.gguf" in out, out

@@ -112,3 +112,22 @@ def test_missing_draft_is_explained(make_ckpt, tmp_path_factory):
     plain = converted(make_ckpt, tmp_path_factory, with_draft=False)
     res = CliRunner().invoke(cli, ["serve", str(plain), "--draft", "--dry-run"])
     assert res.exit_code == 2 and "lists no 'draft' file" in res.stderr
+
+
+@pytest.mark.parametrize("host", ["0", "0.0.0.0", "::"])
+def test_dry_run_warns_on_a_wildcard_address(model_dir, host):
+    """Issue 15: the warning was missing from --dry-run, and `--host 0` (which binds every address) was not seen."""
+    res = CliRunner().invoke(cli, ["serve", str(model_dir), "--dry-run", "--host", host])
+    assert res.exit_code == 0, res.output
+    assert f"warning: listening on {host} without --api-key" in res.stderr
+    res = CliRunner().invoke(cli, ["serve", str(model_dir), "--dry-run", "--host", host, "--api-key", "k"])
+    assert res.exit_code == 0 and "warning: listening" not in res.stderr
+
+
+@pytest.mark.parametrize("host,wild", [("0", True), ("0.0.0.0", True), ("::", True), ("[::]", True), ("0x0", True),
+                                       ("127.0.0.1", False), ("::1", False), ("localhost", False),
+                                       ("192.168.1.5", False)])
+def test_wildcard_addresses(host, wild):
+    from ggufbridge.cli.serve import _wildcard
+
+    assert _wildcard(host) is wild

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli._common import user_errors, writes_files
 from ggufbridge.ggufio.writer import OUTTYPES
 
 TYPES = click.Choice(sorted(OUTTYPES))
@@ -30,19 +30,29 @@ TYPES = click.Choice(sorted(OUTTYPES))
               "starting from --outtype (bf16/f16/f32).")
 @click.option("--recipe", default=None, metavar="NAME|FILE.toml", help="Quantise the target with a recipe (hq4, hq3).")
 @click.option("--imatrix", default=None, type=click.Path(dir_okay=False), help="Importance matrix for --quant/--recipe.")
+@click.option("--force", is_flag=True, help="OUT_DIR may hold a conversion already: replace it as a whole once "
+              "the new one is complete (its files that the new manifest does not list are deleted).")
+@click.option("--allow-nonfinite", is_flag=True, help="Write weights holding NaN/Inf as they are (with a warning) "
+              "instead of refusing them.")
 @user_errors
+@writes_files
 def command(model_dir, out_dir, outtype, revision, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename,
-            progress, quant, recipe, imatrix):
+            progress, quant, recipe, imatrix, force, allow_nonfinite):
     """Convert an upstream MiniCPM-V 4.7 checkpoint to GGUF files + manifest.json.
 
     MODEL_DIR is a folder; hf://ORG/NAME[@REV] (Hugging Face) or ms://ORG/NAME[@REV] (ModelScope), downloaded
     into that hub's cache (resumable; only configs, tokenizer and safetensors); or ORG/NAME, a repo already in
-    the HF cache (offline)."""
+    the HF cache (offline).
+
+    Files are written under temporary names and renamed together once all are complete; Ctrl-C, SIGTERM or an
+    error leaves nothing under a final name, and a later run removes what a killed one left. An OUT_DIR that
+    already holds a conversion (manifest.json or a .gguf) is refused unless --force."""
     from ggufbridge.convert import convert
 
     res = convert(model_dir, out_dir, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                   mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress,
-                  quant=quant, recipe=recipe, imatrix=imatrix, revision=revision)
+                  quant=quant, recipe=recipe, imatrix=imatrix, revision=revision, force=force,
+                  allow_nonfinite=allow_nonfinite)
     for f in res.files:
         click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")
     click.echo(f"manifest {res.out_dir / 'manifest.json'}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli._common import user_errors, writes_files
 
 
 @click.command("imatrix")
@@ -17,6 +17,7 @@ from ggufbridge.cli._common import user_errors
 @click.option("--chunks", type=int, default=None, help="At most this many chunks of the text.")
 @click.option("--threads", type=int, default=None, help="CPU threads (default: up to 8).")
 @user_errors
+@writes_files
 def command(out_dir, text, out, ctx, chunks, threads):
     """Compute an importance matrix for OUT_DIR's target GGUF (a `ggufbridge convert` folder, or a .gguf) over a
     calibration text; pass it to `ggufbridge quantize --imatrix`."""

@@ -8,7 +8,7 @@ import re
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli._common import user_errors, writes_files
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -45,11 +45,12 @@ class ByteSize(click.ParamType):
 @click.option("--allow-requantize", is_flag=True, help="Allow a source that is already quantised (loses quality).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
+@writes_files
 def command(src, dst, quant, recipe, fit_bytes, fit_hw, ctx, imatrix, threads, allow_requantize, as_json):
     """Quantise a GGUF written by `ggufbridge convert` (BF16/F16/F32) with the runtime's llama-quantize, and show
     what is quantised and what is not."""
     from ggufbridge.errors import QuantError
-    from ggufbridge.ggufio.writer import tmp_name
+    from ggufbridge.ggufio.writer import remove_stale_parts, tmp_name
     from ggufbridge.quant import format_quant_report, quantize_file
     from ggufbridge.quant.fit import _is_recipe, choose
 
@@ -68,6 +69,7 @@ def command(src, dst, quant, recipe, fit_bytes, fit_hw, ctx, imatrix, threads, a
     from pathlib import Path
 
     final = Path(dst)
+    remove_stale_parts(final.parent)
     tmp = tmp_name(final)
     try:
         res = quantize_file(src, tmp, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads,

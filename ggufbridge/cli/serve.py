@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ggufbridge.cli._common import user_errors
+from ggufbridge.cli._think import think_options
 from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import patches
 from ggufbridge.runtime import server as sv
@@ -37,9 +38,10 @@ from ggufbridge.runtime.session import prepare
               help="llama-server log file (default: OUT_DIR/llama-server.log).")
 @click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True,
               help="Seconds to wait for /health.")
+@think_options
 @user_errors
 def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, media_path, dry_run,
-            log_path, timeout):
+            log_path, timeout, think, reasoning_budget):
     """Serve OUT_DIR (written by `ggufbridge convert`) with llama-server, OpenAI-compatible under /v1."""
     recipe = load_recipe(recipe_name)
     workers = recipe.rpc["workers"]
@@ -49,10 +51,13 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         endpoints = sv.parse_rpc(rpc, workers)
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
     opts = sv.ServeOptions(host=host, port=port, api_key=api_key, draft=draft, rpc=endpoints, threads=threads,
-                           extra=["--media-path", str(Path(media_path).resolve())] if media_path else [])
+                           extra=["--media-path", str(Path(media_path).resolve())] if media_path else [],
+                           think=think, reasoning_budget=reasoning_budget)
     server_bin = s.rt.bin_dir / "llama-server" if s.rt else Path("llama-server")
     argv = sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts)
     if dry_run:
+        if _wildcard(host) and not api_key:
+            click.echo(f"warning: listening on {host} without --api-key: anyone on the network can use it", err=True)
         click.echo(f"recipe: {s.recipe.name} - {s.recipe.description}")
         for i, ep in enumerate(endpoints):
             click.echo(f"on RPC worker {i} (never bind 0.0.0.0): ggml-rpc-server --host {ep.rsplit(':', 1)[0]} "
@@ -66,7 +71,7 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         raise RuntimeNotFound(s.problems[0] if len(s.problems) == 1 else " | ".join(s.problems))
     if s.art.mmproj is not None and not s.rt.canvas_mrope:
         click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
-    if host in ("0.0.0.0", "::") and not api_key:
+    if _wildcard(host) and not api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone on the network can use it", err=True)
     for ep in endpoints:
         h, p = ep.rsplit(":", 1)
@@ -127,5 +132,23 @@ def _reachable(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=3):
             return True
+    except OSError:
+        return False
+
+
+def _wildcard(host: str) -> bool:
+    """Whether `host` listens on every address: 0.0.0.0, ::, and spellings the resolver maps there ("0", "[::]")."""
+    import ipaddress
+    import socket
+
+    h = host.strip().strip("[]")
+    if h in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(h).is_unspecified
+    except ValueError:
+        pass
+    try:
+        return socket.inet_aton(h) == b"\0\0\0\0"  # "0", "0.0", "0x0": inet_aton's short forms
     except OSError:
         return False

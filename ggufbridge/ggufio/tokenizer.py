@@ -75,7 +75,12 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
     if not tj.is_file():
         raise TokenizerError(f"{model_dir}: missing tokenizer.json (the GGUF must carry the tokenizer)")
     data = _load(tj)
+    # untrusted JSON: every container is checked for its kind before it is indexed
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{tj}: expected a JSON object at the top level, found {type(data).__name__}")
     model = data.get("model") or {}
+    if not isinstance(model, dict):
+        raise TokenizerError(f"{tj}: model expected an object, found {type(model).__name__}")
     if model.get("type") != "BPE":
         raise TokenizerError(f"{tj}: model.type must be 'BPE' (byte-level), found {model.get('type')!r}")
     vocab = model.get("vocab")
@@ -95,7 +100,12 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
         if not isinstance(i, int) or i < 0:
             raise TokenizerError(f"{tj}: token {text!r} has invalid id {i!r}")
         by_id[i] = text
-    for at in data.get("added_tokens") or []:
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise TokenizerError(f"{tj}: added_tokens expected a list, found {type(added).__name__}")
+    for at in added:
+        if not isinstance(at, dict):
+            raise TokenizerError(f"{tj}: malformed added token {at!r:.80}")
         i, text = at.get("id"), at.get("content")
         if not isinstance(i, int) or not isinstance(text, str) or i < 0:
             raise TokenizerError(f"{tj}: malformed added token {at!r:.80}")
@@ -123,13 +133,23 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
         types.append(typ)
 
     merges = []
-    for m in model.get("merges") or []:
-        merges.append(" ".join(m) if isinstance(m, list) else m)
+    raw_merges = model.get("merges") or []
+    if not isinstance(raw_merges, list):
+        raise TokenizerError(f"{tj}: model.merges expected a list, found {type(raw_merges).__name__}")
+    for k, m in enumerate(raw_merges):
+        # two forms: "a b" (older files) or ["a", "b"] (tokenizers >= 0.20)
+        if isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
+            m = " ".join(m)
+        if not isinstance(m, str):
+            raise TokenizerError(f"{tj}: model.merges[{k}] expected \"a b\" or [\"a\", \"b\"], found {m!r:.60}")
+        merges.append(m)
     if not merges:
         raise TokenizerError(f"{tj}: model.merges is missing or empty (byte-level BPE needs merges)")
 
     cfg_path = model_dir / "tokenizer_config.json"
     cfg = _load(cfg_path) if cfg_path.is_file() else {}
+    if not isinstance(cfg, dict):
+        raise TokenizerError(f"{cfg_path}: expected a JSON object at the top level, found {type(cfg).__name__}")
     ids = {t: i for i, t in enumerate(tokens)}
 
     def special_id(key: str, fallback: str | None) -> int | None:
@@ -141,7 +161,8 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
     if jinja.is_file():
         template = jinja.read_text(encoding="utf-8")
     if isinstance(template, list):  # named variants; the default one is the plain template
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
     return Vocab(
         tokens=tokens,
         types=types,

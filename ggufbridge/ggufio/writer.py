@@ -6,7 +6,9 @@ never read back, and it is written under a temporary name; only `commit()` gives
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +19,9 @@ from gguf import quants as gguf_quants
 
 from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.safetensors import to_f32
-from ggufbridge.errors import GGUFBridgeError
+from ggufbridge.errors import GGUFBridgeError, NonFiniteWeights, OutputError
 
+log = logging.getLogger(__name__)
 MAGIC = b"GGUF"
 VERSION = 3
 ALIGNMENT = 32
@@ -159,12 +162,81 @@ class Written:
             self.path.unlink(missing_ok=True)
 
 
-def tmp_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.{os.getpid()}.part")
+def tmp_name(final: Path, pid: int | None = None) -> Path:
+    return final.with_name(f".{final.name}.{os.getpid() if pid is None else pid}.part")
 
 
-def write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress=None) -> Written:
-    """Write `plan` to a temporary file beside `final`. `progress(nbytes)` is called as source bytes are consumed."""
+_PART = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.part$")
+
+
+def part_pid(path: Path) -> int | None:
+    """The process id in a `tmp_name()` name, or None for any other name."""
+    m = _PART.match(path.name)
+    return int(m["pid"]) if m else None
+
+
+def pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_parts(folder: Path) -> list[Path]:
+    """Delete temporary files in `folder` whose writer is no longer running (killed with SIGKILL, power loss).
+
+    The pid in the name is what tells a dead writer's file from a live concurrent one's."""
+    removed = []
+    for p in sorted(Path(folder).iterdir()) if Path(folder).is_dir() else []:
+        pid = part_pid(p)
+        if pid is None or pid_alive(pid) or not p.is_file():
+            continue
+        p.unlink(missing_ok=True)
+        log.info("removed %s, a temporary file left by process %d (no longer running)", p, pid)
+        removed.append(p)
+    return removed
+
+
+def nonfinite_counts(arr: np.ndarray, tag: str) -> tuple[int, int]:
+    """(NaN count, Inf count) of a built tensor in storage dtype `tag`; (0, 0) for integers and encoded blocks."""
+    if tag == "BF16":
+        bits = arr.view(np.uint16)
+        special = (bits & 0x7F80) == 0x7F80  # exponent all ones
+        if not special.any():
+            return 0, 0
+        nan = int(np.count_nonzero(special & ((bits & 0x7F) != 0)))
+        return nan, int(np.count_nonzero(special)) - nan
+    if tag in ("F32", "F16", "F64"):
+        if arr.dtype.kind != "f":
+            arr = arr.view({"F32": np.float32, "F16": np.float16, "F64": np.float64}[tag])
+        finite = np.isfinite(arr)
+        if finite.all():
+            return 0, 0
+        nan = int(np.count_nonzero(np.isnan(arr)))
+        return nan, int(arr.size - np.count_nonzero(finite)) - nan
+    return 0, 0
+
+
+def check_finite(t: PlannedTensor, arr: np.ndarray, tag: str, allow: bool) -> None:
+    nan, inf = nonfinite_counts(arr, tag)
+    if not (nan or inf):
+        return
+    src = t.sources[0].name if t.sources else "?"
+    msg = f"{t.name} (from {src}) holds {nan} NaN and {inf} Inf among {arr.size} values"
+    if not allow:
+        raise NonFiniteWeights(f"{msg}: refused (--allow-nonfinite writes them as they are)")
+    log.warning("warning: %s; written as they are (--allow-nonfinite)", msg)
+
+
+def write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress=None,
+               allow_nonfinite: bool = False) -> Written:
+    """Write `plan` to a temporary file beside `final`. `progress(nbytes)` is called as source bytes are consumed.
+    A tensor holding NaN/Inf is refused (NonFiniteWeights) unless `allow_nonfinite`."""
     if outtype not in OUTTYPES:
         raise GGUFBridgeError(f"output type must be one of {sorted(OUTTYPES)}, found {outtype!r}")
     types = [choose_type(t, outtype) for t in plan.tensors]
@@ -199,6 +271,7 @@ def write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress=None) -
                 arr, tag = t.build()
                 if tag != RAW and tuple(arr.shape) != tuple(t.shape):
                     raise GGUFBridgeError(f"internal: {t.name} built with shape {arr.shape}, planned {t.shape}")
+                check_finite(t, arr, tag, allow_nonfinite)
                 data = encode(arr, tag, qt)
                 del arr
                 if data.nbytes != nb:
@@ -209,6 +282,10 @@ def write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress=None) -
                 counts[qt.name] = counts.get(qt.name, 0) + 1
                 if progress:
                     progress(t.source_bytes)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        # a write error (ENOSPC, EIO) carries no file name of its own
+        raise OutputError(f"cannot write {final} (as {tmp.name}): {e.strerror or e}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

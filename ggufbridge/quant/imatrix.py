@@ -79,6 +79,9 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
                                env=runtime.env(), input="")
         except OSError as e:
             raise QuantError(f"cannot run {exe}: {e}") from None
+        except BaseException:  # interrupted: run() has killed the tool; its half-written output goes too
+            tmp_out.unlink(missing_ok=True)
+            raise
         outtext = logfile.read_text(errors="replace") if logfile.is_file() else ""
         outtext = outtext or (p.stdout or "") + (p.stderr or "")
     if p.returncode != 0 or not tmp_out.is_file():

@@ -51,12 +51,13 @@ def prepare(quant: str | None, recipe: str | None, imatrix, outtype: str) -> str
 
 
 def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None, recipe: str | None = None,
-                    imatrix=None, progress=None, threads: int | None = None):
+                    imatrix=None, progress=None, threads: int | None = None, allow_nonfinite: bool = False):
     """Returns (Written for `final`, still under its temporary name, QuantResult)."""
     from ggufbridge.ggufio.writer import Written, tmp_name, write_gguf
 
     check_intermediate(outtype)
-    hp = write_gguf(plan, final.with_name(f"{final.stem}.{outtype}-intermediate.gguf"), outtype, progress=progress)
+    hp = write_gguf(plan, final.with_name(f"{final.stem}.{outtype}-intermediate.gguf"), outtype, progress=progress,
+                    allow_nonfinite=allow_nonfinite)
     dst = tmp_name(final)
     try:
         res: QuantResult = quantize_file(hp.path, dst, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,8 +62,9 @@ class VerifyReport:
 
 def _check_files(manifest: Manifest, report: VerifyReport) -> None:
     for f in manifest.files.values():
-        if not f.path.is_file():
-            report.files.append(FileCheck(f.role, f.rel, False, "missing"))
+        problem = _not_a_file(f.path)
+        if problem:
+            report.files.append(FileCheck(f.role, f.rel, False, problem))
             continue
         size = f.path.stat().st_size
         if size != f.bytes:
@@ -78,6 +80,45 @@ def _check_files(manifest: Manifest, report: VerifyReport) -> None:
     leftovers = sorted(p.name for p in manifest.path.parent.iterdir() if p.name.endswith(".part"))
     if leftovers:
         report.notes.append(f"half-written temporary files present: {', '.join(leftovers)}")
+    _check_unlisted(manifest, report)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` (followed if it is a symlink) cannot be checked, or None for a regular file."""
+    import stat
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return f"missing (dangling symlink to {os.readlink(path)})" if path.is_symlink() else "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device or special file"
+        via = f" (symlink to {os.readlink(path)})" if path.is_symlink() else ""
+        return f"not a regular file: {kind}{via}"
+    return None
+
+
+def _check_unlisted(manifest: Manifest, report: VerifyReport) -> None:
+    """A GGUF beside the manifest but not in it (an older conversion's) is what a user picking a file by name
+    may load by mistake: reported as a failure. An importance matrix (general.type "imatrix") is a note."""
+    from ggufbridge.errors import GGUFFileError
+    from ggufbridge.inspect import read_header
+
+    listed = {f.path.name for f in manifest.files.values()}
+    for p in sorted(manifest.path.parent.glob("*.gguf")):
+        if p.name in listed or p.name.startswith("."):
+            continue
+        try:
+            kind = read_header(p).kv.get("general.type")
+        except GGUFFileError:
+            kind = None
+        if kind == "imatrix":
+            report.notes.append(f"{p.name}: an importance matrix, not part of the conversion")
+        else:
+            report.files.append(FileCheck("unlisted", p.name, False, "a GGUF that manifest.json does not list "
+                                          "(left by another conversion?): not verified"))
 
 
 def _check_source_hashes(md_path: Path, manifest: Manifest, report: VerifyReport) -> None:
