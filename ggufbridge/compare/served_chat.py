@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggufbridge.compare.metrics import log_softmax
+from ggufbridge.errors import ServerError
 
 
 # both sides render the chat template with these (llama-server's own default for enable_thinking differs from
@@ -62,7 +63,7 @@ def chat(url: str, messages: list[dict], *, max_tokens: int, top_logprobs: int, 
     top = [{int(t["id"]): float(t["logprob"]) for t in e.get("top_logprobs", [])} for e in entries]
     n = out.get("usage", {}).get("completion_tokens", len(ids))
     if n != len(ids):
-        raise ValueError(f"the server reported {len(ids)} logprobs entries for {n} generated tokens (a token that "
+        raise ServerError(f"the server reported {len(ids)} logprobs entries for {n} generated tokens (a token that "
                          f"is not complete UTF-8 was merged into the next one; ban them with partial_utf8_ids)")
     return ServedTurn(ids, top, choice["message"].get("content") or "", out.get("usage", {}), out.get("timings", {}))
 
