@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,35 +28,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 CASES = {"unsliced 112×112": ([(112, 112)], "16x"), "1×2 250×130": ([(250, 130)], "16x"),
          "2×1 130×250": ([(130, 250)], "16x"), "2×2 4x 230×170": ([(230, 170)], "4x"),
          "two images": ([(112, 112), (250, 130)], "16x")}
-KEYS = (b"clip.minicpmv.processor_slicing", b"clip.minicpmv.canvas_mrope", b"clip.minicpmv.use_image_id")
 
 
 def serve(out_dir: Path, log: Path):
+    """`ggufbridge serve OUT_DIR` (the user's command) on a free port, healthy."""
     from ggufbridge.runtime import server as sv
 
     port = sv.free_port()
-    p = subprocess.Popen([sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port),
-                          "--ctx", "4096", "--log", str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1500):
-        try:
-            if sv.http_json(url + "/health", timeout=2)[0] == 200:
-                return p, url
-        except OSError:
-            pass
-        time.sleep(0.2)
-    p.terminate()
-    raise SystemExit("server did not start")
-
-
-def stock(out_dir: Path, dst: Path) -> Path:
-    shutil.copytree(out_dir, dst)
-    mm = next(dst.glob("mmproj-*.gguf"))
-    raw = mm.read_bytes()
-    for k in KEYS:
-        raw = raw.replace(k, k[:-1] + b"X")
-    mm.write_bytes(raw)
-    return dst
+    argv = [sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port), "--ctx", "4096",
+            "--log", str(log)]
+    srv = sv.Server(argv, "127.0.0.1", port, log.with_name(log.name + ".console")).start()
+    srv.wait_ready(300)
+    return srv
 
 
 def main() -> None:
@@ -85,13 +65,14 @@ def main() -> None:
         outs[("patched", d)] = o
         s = work / f"stock-{d}"
         if not s.exists():
-            stock(o, s)
+            sc.stock_layout_copy(o, s)
         outs[("stock", d)] = s
     ref = load_reference(ck)
     ban = {str(i): False for i in sc.partial_utf8_ids(hf_processor(ck).tokenizer)}
     rows = []
     for (kind, d), out_dir in outs.items():
-        proc_, url = serve(out_dir, work / f"{kind}-{d}.log")
+        srv = serve(out_dir, work / f"{kind}-{d}.log")
+        url = srv.url
         try:
             for name, (sizes, mode) in CASES.items():
                 if mode != d:
@@ -109,8 +90,7 @@ def main() -> None:
                              "top1": top1, "tokens": len(turn.ids), "prompt_tokens": turn.usage.get("prompt_tokens"),
                              "hf_prompt_tokens": int(inputs["input_ids"].shape[1])})
         finally:
-            proc_.terminate()
-            proc_.wait(60)
+            srv.stop(60)
     print("| image | patched KL mean | patched KL max | patched top-1 | stock KL mean | stock top-1 |")
     print("|---|---|---|---|---|---|")
     for name in CASES:

@@ -9,7 +9,10 @@ fidelity test.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+from ggufbridge.runtime import server as sv
 
 _CACHE: dict = {}
 
@@ -27,3 +30,13 @@ def converted(make_ckpt, tmp_path_factory, *, with_draft: bool = True, spec: str
         convert(ckpt, root / "out", outtype="f32", draft=draft, progress=False)
         _CACHE[key] = root / "out"
     return _CACHE[key]
+
+
+def serve_process(out_dir: Path, console: Path, *args: str, timeout: float = 300.0, env: dict | None = None) -> sv.Server:
+    """`python -m ggufbridge serve OUT_DIR --port P ARGS` (the user's command) on a free port, waited for until
+    /health answers; its own output goes to `console`. `.stop()` sends SIGTERM to its process group."""
+    port = sv.free_port()
+    argv = [sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port), *args]
+    srv = sv.Server(argv, "127.0.0.1", port, console, env=env).start()
+    srv.wait_ready(timeout)
+    return srv

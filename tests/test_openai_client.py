@@ -9,19 +9,16 @@ comparable.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+import openai
 import pytest
 
-from ggufbridge.runtime import server as sv
-
 sys.path.insert(0, str(Path(__file__).parent))
+from _runtime_models import serve_process  # noqa: E402
 from _templates import converted_with_template  # noqa: E402
 
-openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,31 +33,17 @@ TOOLS = [{"type": "function", "function": {
 class Serving:
     """`python -m ggufbridge serve OUT ...` as a subprocess; stopped (SIGTERM to its group) at the end."""
 
-    def __init__(self, out: Path, *args: str):
-        self.port = sv.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen([sys.executable, "-m", "ggufbridge", "serve", str(out), "--recipe", "cpu",
-                                      "--port", str(self.port), "--ctx", "2048", "--threads", "2",
-                                      "--api-key", KEY, *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}"
-            try:
-                if sv.http_json(self.url + "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "serve did not become healthy"
-            time.sleep(0.2)
+    def __init__(self, out: Path, console: Path, *args: str):
+        self.srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "2048", "--threads", "2",
+                                 "--api-key", KEY, *args, timeout=120,
+                                 env=dict(os.environ, PYTHONPATH=str(REPO)))
+        self.url = self.srv.url
 
     def client(self, key: str = KEY):
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
 
     def stop(self):
-        sv.stop(self.proc)
+        self.srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +52,15 @@ def model(make_ckpt, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def no_think(model):
-    s = Serving(model)  # the default: --no-think
+def no_think(model, tmp_path_factory):
+    s = Serving(model, tmp_path_factory.mktemp("oa") / "no-think.console")  # the default: --no-think
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
-def think(model):
-    s = Serving(model, "--think", "--reasoning-budget", "3")
+def think(model, tmp_path_factory):
+    s = Serving(model, tmp_path_factory.mktemp("oa") / "think.console", "--think", "--reasoning-budget", "3")
     yield s
     s.stop()
 

@@ -75,12 +75,12 @@ def test_missing_or_broken_manifest_through_the_cli(tmp_path):
 def _readers():
     from ggufbridge.quant.imatrix import target_of
     from ggufbridge.quant.verify import verify
-    from ggufbridge.vision.bindings import resolve_files
 
-    return {"serve/run/plan": load_artifacts, "verify": verify, "imatrix": target_of, "run --image": resolve_files}
+    # run --image goes through serve's session (load_artifacts) since it is served by llama-server
+    return {"serve/run/plan": load_artifacts, "verify": verify, "imatrix": target_of}
 
 
-@pytest.mark.parametrize("reader", ["serve/run/plan", "verify", "imatrix", "run --image"])
+@pytest.mark.parametrize("reader", ["serve/run/plan", "verify", "imatrix"])
 @pytest.mark.parametrize("manifest, message", [
     ({"files": [{"role": "target", "path": "../outside.gguf", "bytes": 2}]}, "relative path inside OUT_DIR"),
     ({"files": [{"role": "target", "path": "t.gguf", "bytes": 2}], "source": {"../../etc/passwd": "00"}},

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _runtime_models import serve_process
 from _vision_helpers import SPEC_THW, hf_processor, random_image
 from ggufbridge.compare import served_chat as sc
 from ggufbridge.convert import convert
-from ggufbridge.runtime import server as sv
 
 pytestmark = pytest.mark.slow
 # the CUDA gated-delta-net kernel takes state sizes of 16/32/64/128 only: the same spec serves the CPU and GPU tests
@@ -74,27 +70,14 @@ class Served:
     """`ggufbridge serve OUT` in a subprocess (the user's command), stopped with SIGTERM."""
 
     def __init__(self, out_dir: Path, log: Path, *extra: str):
-        self.port = sv.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(self.port), "--ctx", "4096",
-                "--log", str(log), *extra]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"serve exited: {self.proc.stdout.read()}")
-            try:
-                if sv.http_json(self.url + "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "serve did not become healthy"
-            time.sleep(0.3)
+        self.console = log.with_name(log.name + ".console")
+        self.srv = serve_process(out_dir, self.console, "--ctx", "4096", "--log", str(log), *extra)
+        self.url = self.srv.url
 
-    def close(self):
-        self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=60)
-        return out
+    def close(self) -> str:
+        """Stop the server; `ggufbridge serve`'s own output."""
+        self.srv.stop(60)
+        return self.console.read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -160,45 +143,9 @@ def test_second_turn_reuses_the_cached_image(ckpt, served, ban):
     assert kl.mean() < 1e-3, kl
 
 
-def stock_copy(out_dir: Path, dst: Path) -> Path:
-    """A copy of a converted folder whose mmproj a stock runtime would read the same way: the keys only the
-    patches read are renamed in place (same length, so sizes and offsets stay), and libmtmd falls back to its
-    stock minicpmv4_6 path (llava-uhd letterboxed slicing, 1-D positions, no <image_id>)."""
-    import shutil
-
-    shutil.copytree(out_dir, dst)
-    mm = next(dst.glob("mmproj-*.gguf"))
-    raw = mm.read_bytes()
-    for key in (b"clip.minicpmv.processor_slicing", b"clip.minicpmv.canvas_mrope", b"clip.minicpmv.use_image_id"):
-        assert raw.count(key) == 1
-        raw = raw.replace(key, key[:-1] + b"X")
-    mm.write_bytes(raw)
-    return dst
-
-
-def test_image_files_under_media_path(ckpt, outs, ban, tmp_path):
-    """`serve --media-path DIR` lets clients name images as file:// URLs: the same answer as the data URL."""
-    from PIL import Image
-
-    media = tmp_path / "media"
-    media.mkdir()
-    img = random_image(250, 130, seed=5)
-    img.save(media / "river.png")
-    srv = Served(outs["16x"], tmp_path / "m.log", "--media-path", str(media))
-    try:
-        by_file = sc.chat(srv.url, [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "file://river.png"}}, {"type": "text", "text": QUESTION}]}],
-            max_tokens=6, top_logprobs=1, logit_bias=ban)
-        by_data = sc.chat(srv.url, [sc.user_turn([Image.open(media / "river.png").convert("RGB")], QUESTION)],
-                          max_tokens=6, top_logprobs=1, logit_bias=ban)
-    finally:
-        srv.close()
-    assert by_file.ids == by_data.ids and by_file.usage["prompt_tokens"] == by_data.usage["prompt_tokens"]
-
-
 def test_stock_layout_is_measurably_worse(ckpt, outs, ban, tmp_path):
     """The same chats served the stock way are far from transformers: the patches make the served path exact."""
-    srv = Served(stock_copy(outs["16x"], tmp_path / "stock"), tmp_path / "stock.log")
+    srv = Served(sc.stock_layout_copy(outs["16x"], tmp_path / "stock"), tmp_path / "stock.log")
     try:
         for name in ("unsliced", "1x2"):
             msgs = _messages(name)

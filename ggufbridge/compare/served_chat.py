@@ -12,13 +12,18 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shutil
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ggufbridge.compare.metrics import log_softmax
-from ggufbridge.errors import ServerError
+from ggufbridge.errors import GGUFFileError, ServerError
+
+# mmproj keys only ggufbridge's patch series reads (docs/vision.md)
+PATCH_KEYS = (b"clip.minicpmv.processor_slicing", b"clip.minicpmv.canvas_mrope", b"clip.minicpmv.use_image_id")
 
 
 # both sides render the chat template with these (llama-server's own default for enable_thinking differs from
@@ -140,3 +145,18 @@ def kl_to_served(ref_logp: np.ndarray, top: list[dict[int, float]]) -> np.ndarra
             kl += p_rest * (np.log(p_rest) - np.log(max(q_rest, 1e-300)))
         out[i] = kl
     return out
+
+
+def stock_layout_copy(out_dir: Path, dst: Path) -> Path:
+    """A copy of a converted folder whose mmproj the patched runtime reads as a stock one would: the keys only the
+    patches read are renamed in place (same length, so sizes and offsets stay), and libmtmd takes its stock
+    minicpmv4_6 path (letterboxed llava-uhd slicing, 1-D positions, no <image_id>)."""
+    shutil.copytree(out_dir, dst)
+    mm = next(dst.glob("mmproj-*.gguf"))
+    raw = mm.read_bytes()
+    for key in PATCH_KEYS:
+        if raw.count(key) != 1:
+            raise GGUFFileError(f"{mm}: expected the key {key.decode()} once, found it {raw.count(key)} times")
+        raw = raw.replace(key, key[:-1] + b"X")
+    mm.write_bytes(raw)
+    return dst

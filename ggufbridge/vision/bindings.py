@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufbridge.errors import ManifestError, VisionModelError
+from ggufbridge.errors import GGUFFileError, VisionModelError
 
 log = logging.getLogger(__name__)
 
@@ -28,42 +28,28 @@ N_POS = 4  # position rows per embedding for the IMROPE text model (t, h, w, e)
 
 # --- reading the GGUF files ---------------------------------------------------------------------------------------
 
-def _kv(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 @dataclass(frozen=True)
 class MmprojInfo:
     path: Path
-    slice_size: int
-    patch: int
-    scale_factor: int
-    out_width: int
-    canvas_mrope: bool = False
-
-    @property
-    def merge(self) -> int:
-        return self.scale_factor  # patches per LLM token along each side: 4 in 16x mode, 2 in 4x
+    out_width: int  # mm.down's rows: must equal the text model's hidden size
 
 
 def read_mmproj(path: str | os.PathLike) -> MmprojInfo:
-    from gguf import GGUFReader
+    """The mmproj's projector and output width, from the bounded header reader (no tensor data is read)."""
+    from ggufbridge.inspect import read_header
 
     p = Path(path)
     try:
-        r = GGUFReader(p)
-    except Exception as e:  # gguf raises ValueError/struct errors for non-GGUF files
+        h = read_header(p)
+    except (GGUFFileError, OSError) as e:
         raise VisionModelError(f"{p}: not a readable GGUF file ({e})") from None
-    ptype = _kv(r, "clip.projector_type") or _kv(r, "clip.vision.projector_type")
+    ptype = h.kv.get("clip.projector_type") or h.kv.get("clip.vision.projector_type")
     if ptype != "minicpmv4_6":
         raise VisionModelError(f"{p}: clip.projector_type must be 'minicpmv4_6', found {ptype!r}")
-    down = next((t for t in r.tensors if t.name == "mm.down.weight"), None)
+    down = next((t for t in h.tensors if t.name == "mm.down.weight"), None)
     if down is None:
         raise VisionModelError(f"{p}: tensor mm.down.weight is missing")
-    return MmprojInfo(p, int(_kv(r, "clip.vision.image_size")), int(_kv(r, "clip.vision.patch_size")),
-                      int(_kv(r, "clip.vision.projector.scale_factor", 4)), int(down.shape[1]),
-                      bool(_kv(r, "clip.minicpmv.canvas_mrope", False)))
+    return MmprojInfo(p, int(down.shape[1]))
 
 
 # --- runtime logging ----------------------------------------------------------------------------------------------
@@ -113,7 +99,6 @@ class Evaluated:
     chunks: list[Chunk]
     logits: np.ndarray = field(repr=False)  # [n_tokens, n_vocab], a row per prompt token
     n_decode_calls: int = 0
-    next_pos: int = 0
 
 
 class VisionSession:
@@ -282,24 +267,4 @@ class VisionSession:
                 for j in range(p.shape[1]):
                     ptr = lc.llama_get_logits_ith(self.llm.ctx, j)
                     rows.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
-        return Evaluated(chunks, np.stack(rows), calls, pos)
-
-    def detokenize(self, ids: list[int]) -> str:
-        return self.llm.detokenize(ids).decode("utf-8", errors="replace")
-
-
-def resolve_files(out_dir) -> tuple[Path, Path]:
-    """The target and mmproj GGUFs of a `ggufbridge convert` output folder (from manifest.json)."""
-    from ggufbridge.ggufio.manifest import read_manifest
-
-    d = Path(out_dir)
-    try:
-        files = read_manifest(d).files
-    except ManifestError as e:
-        raise VisionModelError(str(e)) from None
-    if "mmproj" not in files:
-        raise VisionModelError(f"{d}: manifest.json lists no mmproj file (converted with --no-mmproj?)")
-    for role in ("target", "mmproj"):
-        if not files[role].path.is_file():
-            raise VisionModelError(f"{files[role].path}: listed in manifest.json but missing")
-    return files["target"].path, files["mmproj"].path
+        return Evaluated(chunks, np.stack(rows), calls)
