@@ -143,6 +143,26 @@ def test_second_turn_reuses_the_cached_image(ckpt, served, ban):
     assert kl.mean() < 1e-3, kl
 
 
+def test_image_files_under_media_path(ckpt, outs, ban, tmp_path):
+    """`serve --media-path DIR` lets clients name images as file:// URLs: the same answer as the data URL."""
+    from PIL import Image
+
+    media = tmp_path / "media"
+    media.mkdir()
+    img = random_image(250, 130, seed=5)
+    img.save(media / "river.png")
+    srv = Served(outs["16x"], tmp_path / "m.log", "--media-path", str(media))
+    try:
+        by_file = sc.chat(srv.url, [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "file://river.png"}}, {"type": "text", "text": QUESTION}]}],
+            max_tokens=6, top_logprobs=1, logit_bias=ban)
+        by_data = sc.chat(srv.url, [sc.user_turn([Image.open(media / "river.png").convert("RGB")], QUESTION)],
+                          max_tokens=6, top_logprobs=1, logit_bias=ban)
+    finally:
+        srv.close()
+    assert by_file.ids == by_data.ids and by_file.usage["prompt_tokens"] == by_data.usage["prompt_tokens"]
+
+
 def test_stock_layout_is_measurably_worse(ckpt, outs, ban, tmp_path):
     """The same chats served the stock way are far from transformers: the patches make the served path exact."""
     srv = Served(sc.stock_layout_copy(outs["16x"], tmp_path / "stock"), tmp_path / "stock.log")
