@@ -6,7 +6,6 @@ hashed, so an error or Ctrl-C at any point leaves no file under a final name.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -15,13 +14,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ggufbridge import __version__
 from ggufbridge.arch import converter_for
 from ggufbridge.arch.plan import ConversionPlan
 from ggufbridge.checkpoint.model_dir import ModelDir, resolve_model_dir
 from ggufbridge.errors import GGUFBridgeError, OutputError
 from ggufbridge.ggufio import generation
-from ggufbridge.ggufio.manifest import MANIFEST, sha256_file
+from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, sha256_file, write_manifest
 from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, remove_stale_parts, tmp_name, write_gguf
 from ggufbridge.signals import deferred
 
@@ -208,13 +206,10 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
             source = {s.name: h for s, h in zip(sources, src_hashes)}
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # interrupted: do not hash the rest of the checkpoint
-        files = [
-            {"role": role, "path": w.final.name, "bytes": w.nbytes, "sha256": w.sha256, "type": otype.upper()}
-            for role, w, otype in written
-        ]
-        manifest = {"files": files, "source": source, "ggufbridge": __version__}
+        entries = [ManifestEntry.of(role, w.final, w.nbytes, w.sha256, otype.upper()) for role, w, otype in written]
+        files = [e.to_dict() for e in entries]
         try:
-            manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+            write_manifest(manifest_tmp, entries, source)
         except OSError as e:
             raise OutputError(f"cannot write {out / MANIFEST} (as {manifest_tmp.name}): {e.strerror or e}") from None
         with deferred():  # the renames are the commit: a signal waits until they are all done

@@ -77,10 +77,6 @@ class QuantError(GGUFBridgeError):
     """A quantisation request is invalid (type, recipe, imatrix) or llama.cpp's quantiser failed."""
 
 
-class VerifyError(GGUFBridgeError):
-    """An output folder does not match its manifest or its source checkpoint."""
-
-
 class OutputError(GGUFBridgeError):
     """An output file cannot be written (disk full, permissions), or OUT_DIR already holds a conversion."""
 

@@ -1,133 +1,22 @@
 """`inspect_gguf(path)`: what a GGUF file is (target, mmproj or draft), its key hyperparameters, where its bytes go,
 and, for a DSpark/DFlash draft, how it couples to its target.
 
-The header is parsed here directly (bounded: every count and length is checked against the file size before it is
-used), so that inspecting a 70 GB file reads only its metadata and tensor table.
+The header comes from the bounded reader (ggufbridge.ggufio.reader), so inspecting a 70 GB file reads only its
+metadata and tensor table.
 """
 
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
+from gguf import LlamaFileType
 
-from ggufbridge.errors import GGUFFileError
-
-MAGIC = b"GGUF"
-_SCALARS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
-}
-_NP = {vt: np.dtype(fmt) for vt, fmt in _SCALARS.items()}
-
-
-@dataclass
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]  # ggml order: fastest-varying first
-    type: str
-    nbytes: int
-    offset: int = 0  # within the data section
-
-
-@dataclass
-class GGUFHeader:
-    path: Path
-    version: int
-    kv: dict[str, object]
-    tensors: list[TensorInfo]
-    file_bytes: int
-
-
-class _Reader:
-    def __init__(self, f, size: int, path: Path):
-        self.f, self.size, self.path = f, size, path
-
-    def read(self, n: int) -> bytes:
-        b = self.f.read(n)
-        if len(b) != n:
-            raise GGUFFileError(f"{self.path}: truncated GGUF header (wanted {n} more bytes at {self.f.tell()})")
-        return b
-
-    def unpack(self, fmt: str):
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
-
-    def count(self, what: str, unit: int = 1) -> int:
-        n = self.unpack("<Q")
-        if n * unit > self.size:
-            raise GGUFFileError(f"{self.path}: {what} count {n} cannot fit a {self.size} byte file")
-        return n
-
-    def string(self) -> str:
-        n = self.count("string length")
-        return self.read(n).decode("utf-8", errors="replace")
-
-    def value(self, vt: int):
-        if vt == GGUFValueType.STRING:
-            return self.string()
-        if vt == GGUFValueType.ARRAY:
-            et = self.unpack("<I")
-            n = self.count("array element", 1)
-            if et == GGUFValueType.STRING:
-                return [self.string() for _ in range(n)]
-            if et not in _NP:
-                raise GGUFFileError(f"{self.path}: unsupported array element type {et}")
-            return np.frombuffer(self.read(n * _NP[et].itemsize), dtype=_NP[et])
-        if vt not in _SCALARS:
-            raise GGUFFileError(f"{self.path}: unknown metadata value type {vt}")
-        return self.unpack(_SCALARS[vt])
-
-
-def read_header(path: str | Path) -> GGUFHeader:
-    """Metadata and tensor table of a GGUF v2/v3 file (no tensor data is read)."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            r = _Reader(f, size, path)
-            if r.read(4) != MAGIC:
-                raise GGUFFileError(f"{path}: not a GGUF file (bad magic)")
-            version = r.unpack("<I")
-            if version not in (2, 3):
-                raise GGUFFileError(f"{path}: GGUF version must be 2 or 3, found {version}")
-            n_tensors = r.count("tensor", 8)
-            n_kv = r.count("metadata", 8)
-            kv = {}
-            for _ in range(n_kv):
-                key = r.string()
-                kv[key] = r.value(r.unpack("<I"))
-            tensors = []
-            for _ in range(n_tensors):
-                name = r.string()
-                nd = r.unpack("<I")
-                if nd > 8:
-                    raise GGUFFileError(f"{path}: tensor {name} has {nd} dimensions (at most 8 expected)")
-                dims = struct.unpack(f"<{nd}Q", r.read(8 * nd))
-                qt = r.unpack("<I")
-                offset = r.unpack("<Q")
-                try:
-                    t = GGMLQuantizationType(qt)
-                except ValueError:
-                    raise GGUFFileError(f"{path}: tensor {name} has unknown GGML type {qt}") from None
-                block, bsize = GGML_QUANT_SIZES[t]
-                n = int(np.prod(dims, dtype=np.int64)) if dims else 1
-                tensors.append(TensorInfo(name, tuple(int(d) for d in dims), t.name, n // block * bsize, offset))
-            # a file cut short keeps a whole header: only the data section's end against the file size tells
-            align = kv.get("general.alignment", 32)
-            align = align if isinstance(align, int) and align > 0 else 32
-            data_start = f.tell() + (-f.tell()) % align
-            end = data_start + max((t.offset + t.nbytes for t in tensors), default=0)
-            if end > size:
-                raise GGUFFileError(f"{path}: truncated GGUF: its tensor data needs {end} bytes, the file has {size}")
-    except OSError as e:
-        raise GGUFFileError(f"cannot read {path}: {e.strerror or e}") from None
-    return GGUFHeader(path, version, kv, tensors, size)
-
+from ggufbridge.ggufio.reader import GGUFHeader, TensorInfo, read_header
+from ggufbridge.quant.report import format_quant_dict, quant_report
+from ggufbridge.units import human_size
 
 # --- what to report, per role (data, not branches) ----------------------------------------------------------------
 
@@ -305,8 +194,6 @@ def inspect_gguf(path: str | Path) -> Report:
 
 
 def _quantisation(h: GGUFHeader) -> dict:
-    from ggufbridge.quant.report import quant_report
-
     return quant_report(h).to_dict()
 
 
@@ -315,13 +202,6 @@ def file_type_name(ft: int) -> str:
         return LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         return "unknown"
-
-
-def human_size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 def format_report(r: Report) -> str:
@@ -359,7 +239,5 @@ def format_report(r: Report) -> str:
         lines.append(f"  {c['component']:<34} {c['count']:>6}  {human_size(c['bytes']):>12}")
     lines.append("types         " + ", ".join(f"{k} × {v}" for k, v in r.types.items()))
     if r.quantisation:
-        from ggufbridge.quant.report import format_quant_dict
-
         lines.append(format_quant_dict(r.quantisation))
     return "\n".join(lines)

@@ -95,27 +95,26 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[float, int]:
 
 
 def compare_outputs(a: Path, b: Path) -> tuple[int, int, list[str]]:
-    from gguf import GGUFReader
+    from ggufbridge.ggufio.reader import read_header
 
-    ta = {t.name: t for t in GGUFReader(str(a)).tensors}
-    tb = {t.name: t for t in GGUFReader(str(b)).tensors}
+    ha, hb = read_header(a), read_header(b)
+    ta, tb = {t.name: t for t in ha.tensors}, {t.name: t for t in hb.tensors}
     same, diff = 0, []
     for name in sorted(set(ta) | set(tb)):
         if name not in ta or name not in tb:
             diff.append(f"{name}: only in {'ggufbridge' if name in ta else 'llama.cpp'}")
             continue
         x, y = ta[name], tb[name]
-        xs, ys = [int(d) for d in x.shape], [int(d) for d in y.shape]
-        if x.tensor_type == y.tensor_type and xs == ys and np.array_equal(
-            np.asarray(x.data).view(np.uint8), np.asarray(y.data).view(np.uint8)
-        ):
+        xs, ys = list(x.shape), list(y.shape)
+        if x.type == y.type and xs == ys and np.array_equal(ha.tensor_data(x), hb.tensor_data(y)):
             same += 1
-        elif x.tensor_type == y.tensor_type and xs == ys and x.tensor_type.name == "F32":
-            d = np.abs(np.asarray(x.data, np.float64) - np.asarray(y.data, np.float64)).max()
-            ulp = np.spacing(np.abs(np.asarray(y.data, np.float32))).max()
+        elif x.type == y.type and xs == ys and x.type == "F32":
+            xa, ya = ha.tensor_array(x), hb.tensor_array(y)
+            d = np.abs(xa.astype(np.float64) - ya.astype(np.float64)).max()
+            ulp = np.spacing(np.abs(ya)).max()
             diff.append(f"{name} max |Δ| {d:.1e} ({d / ulp:.0f} ulp)")
         else:
-            diff.append(f"{name}: {x.tensor_type.name}{xs} vs {y.tensor_type.name}{ys}")
+            diff.append(f"{name}: {x.type}{xs} vs {y.type}{ys}")
     return same, len(set(ta) | set(tb)), diff
 
 

@@ -20,7 +20,6 @@ TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbrid
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ggufbridge.arch import dspark as ds  # noqa: E402
 from ggufbridge.arch import qwen35moe as qm  # noqa: E402
 from ggufbridge.arch.plan import ConversionPlan, PlannedTensor  # noqa: E402
+from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, write_manifest  # noqa: E402
 from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab  # noqa: E402
 from ggufbridge.ggufio.writer import RAW, write_gguf  # noqa: E402
 
@@ -291,13 +291,13 @@ def main(argv=None) -> int:
     for role, plan, fname, typ in jobs:
         w = write_gguf(plan, a.out_dir / fname, "f16")
         w.commit()
-        files.append({"role": role, "path": fname, "bytes": w.nbytes, "sha256": w.sha256, "type": typ})
+        files.append(ManifestEntry.of(role, a.out_dir / fname, w.nbytes, w.sha256, typ))
         print(f"{role}: {fname} {w.nbytes / 2**30:.2f} GiB {dict(sorted(w.types.items()))} "
               f"({time.time() - t0:.0f} s)", flush=True)
     # no checkpoint was converted: "source" (checkpoint file -> sha256) stays empty, the recipe goes beside it
-    manifest = {"files": files, "source": {}, "synthetic": {"script": "make_fullsize_gguf.py", "shape": s.__dict__ | {
-        "d_taps": list(s.d_taps)}, "quant": a.quant, "seed": a.seed}, "ggufbridge": "scripts"}
-    (a.out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(a.out_dir / MANIFEST, files, {}, extra={"synthetic": {
+        "script": "make_fullsize_gguf.py", "shape": s.__dict__ | {"d_taps": list(s.d_taps)}, "quant": a.quant,
+        "seed": a.seed}, "ggufbridge": "scripts"})
     return 0
 
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggufbridge.arch import minicpmv4_7_vision as V  # noqa: E402
 from ggufbridge.checkpoint.model_dir import ModelDir  # noqa: E402
-from ggufbridge.ggufio.manifest import MANIFEST  # noqa: E402
+from ggufbridge.ggufio.manifest import ManifestEntry, read_manifest, write_manifest  # noqa: E402
 from ggufbridge.ggufio.writer import write_gguf  # noqa: E402
 
 VISION = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
@@ -79,12 +79,10 @@ def main() -> None:
         final = a.out_dir / f"mmproj-fullsize-{a.downsample}-F16.gguf"
         w = write_gguf(plan, final, "f16")
         w.commit()
-    man_path = a.out_dir / MANIFEST
-    man = json.loads(man_path.read_text())
-    man["files"] = [f for f in man["files"] if f.get("role") != "mmproj"]
-    man["files"].append({"role": "mmproj", "path": final.name, "bytes": final.stat().st_size,
-                         "sha256": w.sha256, "type": "F16"})
-    man_path.write_text(json.dumps(man, indent=2) + "\n")
+    man = read_manifest(a.out_dir)
+    files = [f for role, f in man.files.items() if role != "mmproj"]
+    files.append(ManifestEntry.of("mmproj", final, final.stat().st_size, w.sha256, "F16"))
+    write_manifest(man.path, files, man.source, extra=man.extra)
     print(f"{final}  {final.stat().st_size / 2**30:.2f} GiB")
 
 

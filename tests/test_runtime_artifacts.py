@@ -74,7 +74,7 @@ def test_missing_or_broken_manifest_through_the_cli(tmp_path):
 # (or naming checkpoint files outside the checkpoint) is refused by each of them, before any file is opened.
 def _readers():
     from ggufbridge.quant.imatrix import target_of
-    from ggufbridge.quant.verify import verify
+    from ggufbridge.verify import verify
 
     # run --image goes through serve's session (load_artifacts) since it is served by llama-server
     return {"serve/run/plan": load_artifacts, "verify": verify, "imatrix": target_of}

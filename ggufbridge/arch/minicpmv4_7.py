@@ -24,13 +24,6 @@ MTP_PREFIXES = ("mtp.", "model.mtp.", "model.language_model.mtp.")
 BASENAME = "MiniCPM-V-4_7"
 
 
-@dataclass
-class OutputFile:
-    role: str  # "target" | "mmproj" | "draft"
-    plan: ConversionPlan
-    stem: str  # file name without type suffix and extension
-
-
 def plan_target(md: ModelDir) -> tuple[ConversionPlan, qwen35moe.TextParams]:
     expect_family(md.layout, "MiniCPM-V 4.7", md.path)  # names are canonical (transformers) from here on
     root = Cfg(md.config)

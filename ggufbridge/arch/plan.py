@@ -56,6 +56,3 @@ class ConversionPlan:
     def arr(self, key: str, v: list) -> None:
         self.kvs.append(KV(key, list(v), "arr"))
 
-
-def widen(a: np.ndarray, dtype: str) -> np.ndarray:
-    return to_f32(a, dtype)

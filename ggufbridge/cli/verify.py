@@ -21,7 +21,7 @@ def command(ctx, out_dir, source, draft, as_json):
     unquantised against what the source converts to, byte for byte. Exit 1 when anything differs."""
     from dataclasses import asdict
 
-    from ggufbridge.quant.verify import verify
+    from ggufbridge.verify import verify
 
     rep = verify(out_dir, source=source, draft=draft)
     if as_json:

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from ggufbridge.compare.metrics import FIGURES
-from ggufbridge.inspect import human_size
+from ggufbridge.units import human_size
 
 # column header -> summary key, in the cards' order
 COLUMNS = {

@@ -184,14 +184,14 @@ class GGUFSource(Source):
 def gguf_facts(path: Path) -> tuple[float, str | None]:
     """(bits per weight: 8 × tensor bytes / tensor elements over every tensor, the ggufbridge quantisation recipe
     the file was made with (`ggufbridge.quant.recipe`) or None), from the GGUF header."""
-    from gguf import GGUFReader
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant.report import KEY_RECIPE
 
-    r = GGUFReader(str(path))
-    nbytes = sum(int(t.n_bytes) for t in r.tensors)
-    nelem = sum(int(t.n_elements) for t in r.tensors)
-    field = r.fields.get("ggufbridge.quant.recipe")
-    recipe = bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None and field.data else None
-    return (8.0 * nbytes / nelem if nelem else float("nan")), recipe
+    h = read_header(path)
+    nbytes = sum(t.nbytes for t in h.tensors)
+    nelem = sum(t.n_elements for t in h.tensors)
+    recipe = h.kv.get(KEY_RECIPE)
+    return (8.0 * nbytes / nelem if nelem else float("nan")), recipe if isinstance(recipe, str) else None
 
 
 class LogitsSource(Source):

@@ -1,8 +1,8 @@
-"""The output folder's manifest.json (written by `convert`; read by `serve`/`run`/`plan`, `verify`, `imatrix` and
-`run --image`) and file hashing.
+"""The output folder's manifest.json (written by `convert` through `write_manifest`; read by `serve`/`run`/`plan`,
+`verify`, `imatrix` and `run --image` through `read_manifest`) and file hashing.
 
 Format: {"files": [{"role": "target"|"mmproj"|"draft", "path": <relative>, "bytes", "sha256", "type"}],
-"source": {<file name>: <sha256>}, "ggufbridge": <version>}. A manifest is untrusted input like a checkpoint:
+"source": {<file name>: <sha256>}, "ggufbridge": <version>}; other top-level keys are kept as `Manifest.extra`. A manifest is untrusted input like a checkpoint:
 `read_manifest` checks its structure and that every path stays inside the folder; what a reader does about files
 that are missing or of the wrong size is its own policy (`serve` refuses, `verify` reports).
 """
@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from ggufbridge import __version__
 from ggufbridge.errors import ManifestError
 
 MANIFEST = "manifest.json"
@@ -39,12 +40,35 @@ class ManifestEntry:
     sha256: str | None
     type: str | None
 
+    @classmethod
+    def of(cls, role: str, path: Path, nbytes: int, sha256: str | None, type: str | None) -> "ManifestEntry":
+        """The entry for a file written into the output folder (`path`: its final name, directly in the folder)."""
+        return cls(role, Path(path), Path(path).name, nbytes, sha256, type)
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "path": self.rel, "bytes": self.bytes, "sha256": self.sha256, "type": self.type}
+
 
 @dataclass(frozen=True)
 class Manifest:
     path: Path
     files: dict[str, ManifestEntry]  # role -> entry; always holds "target"
     source: dict[str, str] = field(default_factory=dict)  # checkpoint file name -> sha256
+    extra: dict = field(default_factory=dict)  # every other top-level key ("ggufbridge" version, script notes)
+
+
+def write_manifest(dest: str | Path, files: list[ManifestEntry], source: dict[str, str] | None = None,
+                   extra: dict | None = None) -> None:
+    """Write a manifest to `dest` (the caller's temporary name, renamed into place by its commit, or OUT/manifest.json).
+    What is written obeys the rules `read_manifest` checks: a target, one file per role, paths inside the folder."""
+    roles = [f.role for f in files]
+    bad = [r for r in roles if r not in ROLES]
+    if bad or "target" not in roles or len(set(roles)) != len(roles):
+        raise ManifestError(f"manifest files: expected one target and at most one file per role of "
+                            f"{', '.join(ROLES)}, found roles {roles}")
+    data = {"files": [f.to_dict() for f in files], "source": dict(source or {}), "ggufbridge": __version__,
+            **(extra or {})}
+    Path(dest).write_text(json.dumps(data, indent=2) + "\n")
 
 
 def read_manifest(out_dir: str | Path) -> Manifest:
@@ -88,4 +112,5 @@ def read_manifest(out_dir: str | Path) -> Manifest:
     for name in source:
         if not name or PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
             raise ManifestError(f"{mpath}: source file name expected inside the checkpoint folder, found {name!r}")
-    return Manifest(mpath, files, source)
+    extra = {k: v for k, v in data.items() if k not in ("files", "source")}
+    return Manifest(mpath, files, source, extra)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import QuantError
-from ggufbridge.inspect import GGUFHeader, read_header
+from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.quantize import _error_line, plan_recipe
 from ggufbridge.quant.recipes import load_quant_recipe

@@ -108,7 +108,7 @@ def count_tokens(model: Path, text: Path) -> int | None:
 
 
 def _chunk_count(path: Path) -> int | None:
-    from gguf import GGUFReader
+    from ggufbridge.ggufio.reader import read_header
 
-    field = GGUFReader(str(path)).fields.get("imatrix.chunk_count")
-    return int(field.contents()) if field is not None else None
+    count = read_header(path).kv.get("imatrix.chunk_count")
+    return int(count) if count is not None else None

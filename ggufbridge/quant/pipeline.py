@@ -10,7 +10,7 @@ from pathlib import Path
 from ggufbridge.errors import QuantError
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.quantize import QuantResult, quantize_file
-from ggufbridge.quant.verify import sha256_file
+from ggufbridge.ggufio.manifest import sha256_file
 
 INTERMEDIATE_TYPES = ("bf16", "f16", "f32")
 

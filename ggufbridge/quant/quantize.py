@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import QuantError
-from ggufbridge.inspect import GGUFHeader, read_header
+from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.recipes import QuantRecipe, load_quant_recipe

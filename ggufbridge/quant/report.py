@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ggufbridge.inspect import GGUFHeader, human_size, read_header
+from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.quant.classes import CLASSES, OTHER, classify
+from ggufbridge.units import human_size
 
 # metadata keys ggufbridge's quantiser writes into its results
 KEY_RECIPE = "ggufbridge.quant.recipe"

@@ -147,7 +147,7 @@ def _gguf_fields(path: Path):
     """Metadata and (name, bytes) of every tensor, from the bounded header reader: it parses the 248k-entry
     vocabulary arrays in a fraction of the time gguf's GGUFReader takes (which builds a numpy view per element)."""
     from ggufbridge.errors import GGUFFileError
-    from ggufbridge.inspect import read_header
+    from ggufbridge.ggufio.reader import read_header
 
     try:
         h = read_header(path)

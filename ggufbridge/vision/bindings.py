@@ -36,7 +36,7 @@ class MmprojInfo:
 
 def read_mmproj(path: str | os.PathLike) -> MmprojInfo:
     """The mmproj's projector and output width, from the bounded header reader (no tensor data is read)."""
-    from ggufbridge.inspect import read_header
+    from ggufbridge.ggufio.reader import read_header
 
     p = Path(path)
     try:

@@ -1,4 +1,5 @@
-"""`verify(out_dir, source=...)`: is a convert output folder what it claims to be?
+"""`verify(out_dir, source=...)`: is a convert output folder what it claims to be? (The `verify` command's library:
+it checks conversion output and lives beside `convert`, not under quant/.)
 
 1. Every file of manifest.json exists with the recorded size and sha256 (and nothing is left half-written).
 2. With the source checkpoint: the manifest's source hashes match it, and every tensor stored unquantised
@@ -17,8 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufbridge.errors import ManifestError
+from ggufbridge.checkpoint.model_dir import ModelDir
+from ggufbridge.convert import plan_outputs
+from ggufbridge.errors import GGUFFileError, ManifestError
 from ggufbridge.ggufio.manifest import Manifest, read_manifest, sha256_file
+from ggufbridge.ggufio.reader import read_header
 
 COMPARABLE = {"F32", "F16", "BF16"}
 
@@ -103,9 +107,6 @@ def _not_a_file(path: Path) -> str | None:
 def _check_unlisted(manifest: Manifest, report: VerifyReport) -> None:
     """A GGUF beside the manifest but not in it (an older conversion's) is what a user picking a file by name
     may load by mistake: reported as a failure. An importance matrix (general.type "imatrix") is a note."""
-    from ggufbridge.errors import GGUFFileError
-    from ggufbridge.inspect import read_header
-
     listed = {f.path.name for f in manifest.files.values()}
     for p in sorted(manifest.path.parent.glob("*.gguf")):
         if p.name in listed or p.name.startswith("."):
@@ -132,21 +133,13 @@ def _check_source_hashes(md_path: Path, manifest: Manifest, report: VerifyReport
                                              else "differs from the file that was converted"))
 
 
-def _gguf_tensors(path: Path) -> dict[str, tuple[str, int, int]]:
-    """name → (type name, data offset, byte count)."""
-    from gguf import GGUFReader
-
-    r = GGUFReader(str(path), "r")
-    return {t.name: (t.tensor_type.name, int(t.data_offset), int(t.n_bytes)) for t in r.tensors}
-
-
 def _compare_plan(path: Path, plan, report: VerifyReport, role: str) -> None:
     from gguf import GGMLQuantizationType
 
     from ggufbridge.ggufio.writer import encode
 
-    stored = _gguf_tensors(path)
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    header = read_header(path)
+    stored = {t.name: t for t in header.tensors}
     planned = {t.name for t in plan.tensors}
     extra = sorted(set(stored) - planned)
     if extra:
@@ -155,13 +148,14 @@ def _compare_plan(path: Path, plan, report: VerifyReport, role: str) -> None:
         if t.name not in stored:
             report.mismatches.append(f"{role}: {t.name} is planned from the source but missing from {path.name}")
             continue
-        tname, off, n = stored[t.name]
+        info = stored[t.name]
+        tname, n = info.type, info.nbytes
         if tname not in COMPARABLE:
             report.quantised += 1
             continue
         arr, tag = t.build()
         want = np.ascontiguousarray(encode(arr, tag, GGMLQuantizationType[tname])).reshape(-1).view(np.uint8)
-        got = raw[off:off + n]
+        got = header.tensor_data(info)
         if want.size != n or not np.array_equal(want, got):
             diff = "size differs" if want.size != n else f"{int(np.count_nonzero(want != got))} byte(s) differ"
             report.mismatches.append(f"{role}: {t.name} ({tname}) is not what the source converts to ({diff})")
@@ -169,7 +163,6 @@ def _compare_plan(path: Path, plan, report: VerifyReport, role: str) -> None:
             report.exact += 1
         else:
             report.recomputed += 1
-    del raw
 
 
 def _fingerprint(a: np.ndarray) -> tuple[int, int, int]:
@@ -202,9 +195,6 @@ def verify(out_dir, source=None, draft=None) -> VerifyReport:
         report.notes.append("no --source given: tensors were not compared with the checkpoint")
         return report
 
-    from ggufbridge.checkpoint.model_dir import ModelDir
-    from ggufbridge.convert import plan_outputs
-
     md = ModelDir.open(source)
     _check_source_hashes(md.path, manifest, report)
     roles = manifest.files
@@ -229,9 +219,7 @@ def verify(out_dir, source=None, draft=None) -> VerifyReport:
 
 def _mmproj_plan_like(md, path: Path, default_plan):
     """The manifest does not record --downsample: use the mode whose planned tensors are the file's."""
-    from ggufbridge.convert import plan_outputs
-
-    names = set(_gguf_tensors(path))
+    names = {t.name for t in read_header(path).tensors}
     if {t.name for t in default_plan.tensors} == names:
         return default_plan
     for mode in ("16x", "4x"):

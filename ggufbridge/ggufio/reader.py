@@ -1,0 +1,168 @@
+"""The one GGUF reader: `read_header(path)` parses a GGUF v2/v3 file's metadata and tensor table, bounded (every
+count and length is checked against the file size before it is used, so an untrusted or cut file is a one-line
+GGUFFileError, never a huge allocation), and reads no tensor data. A tensor's bytes are then one `np.memmap` at the
+offset the table gives (`GGUFHeader.tensor_data` / `tensor_array`), so a 70 GB file costs what its header costs.
+
+Why not gguf-py's `GGUFReader`: it builds a numpy view per element of every array, which for the 248,144-entry
+vocabulary of MiniCPM-V 4.7 takes ~12 s and ~900 MB before the first key can be looked at (docs/benchmarks.md,
+"Start-up"). The tests read files back with `GGUFReader` as the independent reference for this reader.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+
+from ggufbridge.errors import GGUFFileError
+
+MAGIC = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
+VERSIONS = (2, 3)
+MAX_DIMS = 8
+_SCALARS = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+_NP = {vt: np.dtype(fmt) for vt, fmt in _SCALARS.items()}
+# GGML types a tensor can be viewed as directly (BF16 as its uint16 bit patterns, as the converter carries it)
+PLAIN_DTYPES = {
+    "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8"),
+    "I8": np.dtype("i1"), "I16": np.dtype("<i2"), "I32": np.dtype("<i4"), "I64": np.dtype("<i8"),
+}
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: fastest-varying first
+    type: str
+    nbytes: int
+    offset: int = 0  # within the data section
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class GGUFHeader:
+    path: Path
+    version: int
+    kv: dict[str, object]
+    tensors: list[TensorInfo]
+    file_bytes: int
+    data_start: int = 0  # absolute offset of the (aligned) tensor data section
+
+    def tensor(self, name: str) -> TensorInfo:
+        t = next((t for t in self.tensors if t.name == name), None)
+        if t is None:
+            raise GGUFFileError(f"{self.path}: no tensor {name!r} (the file has {len(self.tensors)} tensors)")
+        return t
+
+    def tensor_data(self, name_or_info: str | TensorInfo) -> np.memmap:
+        """The stored bytes of one tensor (read-only, mapped: nothing is read until used)."""
+        t = self.tensor(name_or_info) if isinstance(name_or_info, str) else name_or_info
+        if t.nbytes == 0:
+            return np.zeros(0, dtype=np.uint8)
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start + t.offset, shape=(t.nbytes,))
+
+    def tensor_array(self, name_or_info: str | TensorInfo) -> np.ndarray:
+        """One unquantised tensor as an array in numpy (PyTorch) order; BF16 as uint16 bit patterns."""
+        t = self.tensor(name_or_info) if isinstance(name_or_info, str) else name_or_info
+        dt = PLAIN_DTYPES.get(t.type)
+        if dt is None:
+            raise GGUFFileError(f"{self.path}: tensor {t.name} is {t.type}, expected one of {sorted(PLAIN_DTYPES)} "
+                                f"to view it as an array")
+        return self.tensor_data(t).view(dt).reshape(t.shape[::-1])
+
+
+class _Reader:
+    def __init__(self, f, size: int, path: Path):
+        self.f, self.size, self.path = f, size, path
+
+    def read(self, n: int) -> bytes:
+        b = self.f.read(n)
+        if len(b) != n:
+            raise GGUFFileError(f"{self.path}: truncated GGUF header (wanted {n} more bytes at {self.f.tell()})")
+        return b
+
+    def unpack(self, fmt: str):
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def count(self, what: str, unit: int = 1) -> int:
+        n = self.unpack("<Q")
+        if n * unit > self.size:
+            raise GGUFFileError(f"{self.path}: {what} count {n} cannot fit a {self.size} byte file")
+        return n
+
+    def string(self) -> str:
+        n = self.count("string length")
+        return self.read(n).decode("utf-8", errors="replace")
+
+    def value(self, vt: int):
+        if vt == GGUFValueType.STRING:
+            return self.string()
+        if vt == GGUFValueType.ARRAY:
+            et = self.unpack("<I")
+            n = self.count("array element", 1)
+            if et == GGUFValueType.STRING:
+                return [self.string() for _ in range(n)]
+            if et not in _NP:
+                raise GGUFFileError(f"{self.path}: unsupported array element type {et}")
+            return np.frombuffer(self.read(n * _NP[et].itemsize), dtype=_NP[et])
+        if vt not in _SCALARS:
+            raise GGUFFileError(f"{self.path}: unknown metadata value type {vt}")
+        return self.unpack(_SCALARS[vt])
+
+
+def read_header(path: str | Path) -> GGUFHeader:
+    """Metadata and tensor table of a GGUF v2/v3 file (no tensor data is read)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            r = _Reader(f, size, path)
+            if r.read(4) != MAGIC:
+                raise GGUFFileError(f"{path}: not a GGUF file (bad magic)")
+            version = r.unpack("<I")
+            if version not in VERSIONS:
+                raise GGUFFileError(f"{path}: GGUF version must be 2 or 3, found {version}")
+            n_tensors = r.count("tensor", 8)
+            n_kv = r.count("metadata", 8)
+            kv = {}
+            for _ in range(n_kv):
+                key = r.string()
+                kv[key] = r.value(r.unpack("<I"))
+            tensors = []
+            for _ in range(n_tensors):
+                name = r.string()
+                nd = r.unpack("<I")
+                if nd > MAX_DIMS:
+                    raise GGUFFileError(f"{path}: tensor {name} has {nd} dimensions (at most {MAX_DIMS} expected)")
+                dims = struct.unpack(f"<{nd}Q", r.read(8 * nd))
+                qt = r.unpack("<I")
+                offset = r.unpack("<Q")
+                try:
+                    t = GGMLQuantizationType(qt)
+                except ValueError:
+                    raise GGUFFileError(f"{path}: tensor {name} has unknown GGML type {qt}") from None
+                block, bsize = GGML_QUANT_SIZES[t]
+                n = int(np.prod(dims, dtype=np.int64)) if dims else 1
+                tensors.append(TensorInfo(name, tuple(int(d) for d in dims), t.name, n // block * bsize, offset))
+            # a file cut short keeps a whole header: only the data section's end against the file size tells
+            align = kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+            align = align if isinstance(align, int) and align > 0 else GGUF_DEFAULT_ALIGNMENT
+            data_start = f.tell() + (-f.tell()) % align
+            end = data_start + max((t.offset + t.nbytes for t in tensors), default=0)
+            if end > size:
+                raise GGUFFileError(f"{path}: truncated GGUF: its tensor data needs {end} bytes, the file has {size}")
+    except OSError as e:
+        raise GGUFFileError(f"cannot read {path}: {e.strerror or e}") from None
+    return GGUFHeader(path, version, kv, tensors, size, data_start)
