@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ggufbridge.arch import converter_for
+from ggufbridge.arch import draft_converter, mmproj_converter, text_converter
 from ggufbridge.arch.plan import ConversionPlan
 from ggufbridge.checkpoint.model_dir import ModelDir, resolve_model_dir
 from ggufbridge.errors import GGUFBridgeError, OutputError
@@ -22,6 +22,7 @@ from ggufbridge.ggufio import generation
 from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, sha256_file, write_manifest
 from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, remove_stale_parts, tmp_name, write_gguf
 from ggufbridge.signals import deferred
+from ggufbridge.ggufio.names import Keys
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +88,24 @@ def _readme_meta(model_dir: Path) -> dict:
 
 
 def add_general(plan: ConversionPlan, *, basename: str, size: str, outtype: str, model_dir: Path, role: str) -> None:
-    plan.str("general.type", "mmproj" if role == "mmproj" else "model")
-    plan.str("general.name", f"{basename}-{size}" if role == "target" else f"{basename}-{size} ({role})")
-    plan.str("general.basename", basename)
-    plan.str("general.size_label", size)
-    plan.u32("general.file_type", FILE_TYPES[outtype])
-    plan.u32("general.quantization_version", 2)
+    plan.str(Keys.General.TYPE, "mmproj" if role == "mmproj" else "model")
+    plan.str(Keys.General.NAME, f"{basename}-{size}" if role == "target" else f"{basename}-{size} ({role})")
+    plan.str(Keys.General.BASENAME, basename)
+    plan.str(Keys.General.SIZE_LABEL, size)
+    plan.u32(Keys.General.FILE_TYPE, FILE_TYPES[outtype])
+    plan.u32(Keys.General.QUANTIZATION_VERSION, 2)
     meta = _readme_meta(model_dir)
     if isinstance(meta.get("license"), str) and meta["license"]:
-        plan.str("general.license", meta["license"])
+        plan.str(Keys.General.LICENSE, meta["license"])
     bases = meta.get("base_model")
     bases = [bases] if isinstance(bases, str) and bases else bases or []
     if bases:
-        plan.u32("general.base_model.count", len(bases))
+        plan.u32(Keys.General.BASE_MODEL_COUNT, len(bases))
         for i, b in enumerate(bases):
-            plan.str(f"general.base_model.{i}.name", b.split("/")[-1])
+            plan.str(Keys.General.BASE_MODEL_NAME.format(id=i), b.split("/")[-1])
             if "/" in b:
-                plan.str(f"general.base_model.{i}.organization", b.split("/")[0])
-                plan.str(f"general.base_model.{i}.repo_url", f"https://huggingface.co/{b}")
+                plan.str(Keys.General.BASE_MODEL_ORGANIZATION.format(id=i), b.split("/")[0])
+                plan.str(Keys.General.BASE_MODEL_REPO_URL.format(id=i), f"https://huggingface.co/{b}")
 
 
 @dataclass
@@ -121,7 +122,7 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
     for flag, val in (("--outtype", outtype), ("--draft-outtype", draft_outtype), ("--mmproj-outtype", mmproj_outtype)):
         if val not in OUTTYPES:
             raise GGUFBridgeError(f"{flag} must be one of {', '.join(OUTTYPES)}, found {val!r}")
-    arch = converter_for(md.config)
+    arch = text_converter(md.config)
     plan, params = arch.plan_target(md)
     plan.notes.insert(0, f"target checkpoint: {md.layout} tensor-name layout")
     basename = basename or arch.BASENAME
@@ -129,17 +130,17 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
     stem = f"{basename}-{size}"
     add_general(plan, basename=basename, size=size, outtype=outtype, model_dir=md.path, role="target")
     outputs = [Output("target", plan, f"{stem}-{outtype.upper()}.gguf", outtype)]
-    # mmproj: the vision tower's converter lives with the architecture (absent → text-only release).
-    if mmproj and hasattr(arch, "plan_mmproj"):
-        vplan = arch.plan_mmproj(md, params, downsample=downsample)
+    # mmproj: the vision tower's converter, registered for the architecture (absent → text-only release).
+    vision = mmproj_converter(md.config) if mmproj else None
+    if vision is not None:
+        vplan = vision.plan_mmproj(md, params.hidden, downsample=downsample)
         if vplan is not None:
             add_general(vplan, basename=basename, size=size, outtype=mmproj_outtype, model_dir=md.path, role="mmproj")
             outputs.append(Output("mmproj", vplan, f"mmproj-{stem}-{mmproj_outtype.upper()}.gguf", mmproj_outtype))
     if draft is not None:
-        from ggufbridge.arch import dspark
-
         dmd = ModelDir.open(draft)
-        dplan = dspark.plan_draft(dmd, target=md, target_plan=plan, target_params=params)
+        drafter = draft_converter(dmd.config, f"{dmd.path.name}/config.json")
+        dplan = drafter.plan_draft(dmd, target=md, target_plan=plan, target_params=params)
         dplan.notes.insert(0, f"draft checkpoint: {dmd.layout} tensor-name layout")
         add_general(dplan, basename=basename, size=size, outtype=draft_outtype, model_dir=dmd.path, role="draft")
         outputs.append(Output("draft", dplan, f"dspark-{stem}-{draft_outtype.upper()}.gguf", draft_outtype))

@@ -52,12 +52,12 @@ def real_text_config(layers: int) -> dict:
 def tensor_shapes(p: q.TextParams) -> dict[str, tuple[int, ...]]:
     """Upstream names and shapes (the converter's own tables; fine for a memory benchmark, not a correctness test)."""
     pre = "model.language_model."
-    out = {pre + hf: shape(p) for _, hf, _, shape in q.GLOBAL}
+    out = {pre + r.source: r.shape(p) for r in q.GLOBAL}
     out["lm_head.weight"] = (p.vocab_size, p.hidden)
     for il in range(p.n_layer):
         lp = f"{pre}layers.{il}."
-        for _, hf, _, shape in q.EVERY_LAYER + (q.LINEAR_ATTENTION if p.recurrent[il] else q.FULL_ATTENTION):
-            out[lp + hf] = shape(p)
+        for r in q.EVERY_LAYER + (q.LINEAR_ATTENTION if p.recurrent[il] else q.FULL_ATTENTION):
+            out[lp + r.source] = r.shape(p)
         for gname, per_expert, _, _ in q.EXPERTS:
             shape = (p.hidden, p.ff_exp) if gname.startswith("ffn_down") else (p.ff_exp, p.hidden)
             for e in range(p.n_expert):

@@ -192,8 +192,8 @@ class _FakeRefs(dict):
     def __init__(self, p: qm.TextParams):
         super().__init__()
         self.p = p
-        self.glob = {hf: shape for _, hf, _, shape in qm.GLOBAL}
-        self.layer = {hf: shape for _, hf, _, shape in qm.EVERY_LAYER + qm.FULL_ATTENTION + qm.LINEAR_ATTENTION}
+        self.glob = {r.source: r.shape for r in qm.GLOBAL}
+        self.layer = {r.source: r.shape for r in qm.EVERY_LAYER + qm.FULL_ATTENTION + qm.LINEAR_ATTENTION}
 
     def _shape(self, name):
         p = self.p
@@ -244,12 +244,12 @@ def draft_plan(s: Shape, target: ConversionPlan, seed: int) -> ConversionPlan:
         vocab_size=s.vocab, draft_vocab_size=s.vocab, hidden=s.hidden, n_layer=s.d_layers, n_head=s.d_heads,
         n_head_kv=s.d_kv_heads, head_dim=s.d_head_dim, n_rot=None, ff=s.d_ff, rms_eps=1e-6,
         rope_theta=10_000_000.0, ctx_len=s.ctx, block_size=s.d_block, target_layer_ids=s.d_taps,
-        mask_token_id=s.d_mask, sample_from_anchor=True, causal=None)
+        mask_token_id=s.d_mask, sample_from_anchor=True, causal=None, markov_rank=s.d_rank)
     rng = np.random.default_rng(seed + 1)
     plan = ConversionPlan(ds.ARCH)
     plan.str("general.name", "DSpark draft shape, random weights")
-    specs = [(g, sh(p, s.d_rank)) for g, _, sh in ds.GLOBAL + ds.CONFIDENCE]
-    specs += [(f"blk.{i}.{g}", sh(p, s.d_rank)) for i in range(s.d_layers) for g, _, sh in ds.EVERY_LAYER]
+    specs = [(r.gguf, r.shape(p)) for r in ds.GLOBAL + ds.CONFIDENCE]
+    specs += [(f"blk.{i}.{r.gguf}", r.shape(p)) for i in range(s.d_layers) for r in ds.EVERY_LAYER]
     for name, shape in specs:
         def build(shape=shape, name=name):
             if name.endswith("norm.weight"):

@@ -43,11 +43,11 @@ def vision_checkpoint(dst: Path, text_hidden: int, vision: dict, seed: int = 0) 
                        slice_size=448, mean=(0.5,) * 3, std=(0.5,) * 3, downsample="16x", text_hidden=text_hidden,
                        max_slice_nums=9, use_image_id=True)
     rng = np.random.default_rng(seed)
-    names = [(hf, V._shape(p, s)) for _, hf, s in V.GLOBAL]
+    names = [(r.source, r.shape(p)) for r in V.GLOBAL]
     names.append((V.TOWER + "embeddings.position_embedding.weight", (70 * 70, p.hidden)))
     for il in range(p.n_layer):
-        names += [(f"{V.TOWER}encoder.layers.{il}.{hf}", V._shape(p, s)) for _, hf, s in V.EVERY_LAYER]
-    names += [(f"{V.TOWER}vit_merger.{hf}", V._shape(p, s)) for _, hf, s in V.VIT_MERGER]
+        names += [(f"{V.TOWER}encoder.layers.{il}.{r.source}", r.shape(p)) for r in V.EVERY_LAYER]
+    names += [(f"{V.TOWER}vit_merger.{r.source}", r.shape(p)) for r in V.VIT_MERGER]
     tensors = {}
     for name, shape in names:
         scale = 1.0 if len(shape) == 1 and "weight" in name and "norm" in name else 0.02

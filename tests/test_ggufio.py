@@ -93,3 +93,15 @@ def test_write_manifest_refuses_what_read_manifest_refuses(tmp_path, roles):
     with pytest.raises(ManifestError, match="one target"):
         write_manifest(tmp_path / MANIFEST, entries)
     assert not (tmp_path / MANIFEST).exists()
+
+
+def test_bf16_rounding_is_gguf_quantiser_bit_for_bit():
+    from ggufbridge.ggufio.writer import f32_to_bf16_bits
+
+    rng = np.random.default_rng(1)
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, -3.4e38, 1e-45, 1.00390625, 1.01171875],
+                       dtype=np.float32)
+    bits = rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(np.uint32).view(np.float32)  # every pattern
+    a = np.concatenate([np.resize(special, 64), bits, rng.standard_normal(4096).astype(np.float32)]).reshape(-1, 64)
+    ref = gguf_quants.quantize(a, GGMLQuantizationType.BF16).view(np.uint16)
+    assert np.array_equal(f32_to_bf16_bits(a), ref)

@@ -12,20 +12,21 @@ src/models/dflash.cpp:620, 633, 706, 725-726, 760, 797 → ggml_rms_norm then gg
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, check_leftover, planned
 from ggufbridge.checkpoint.layout import expect_family
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.checkpoint.safetensors import TensorRef
 from ggufbridge.errors import CheckpointError, ConfigError, PairingError, UnsupportedArchitecture
+from ggufbridge.ggufio.names import (DFLASH_ARCH, DFLASH_BLOCK_SIZE, DFLASH_HAS_CONFIDENCE_HEAD,
+                                    DFLASH_SAMPLE_FROM_ANCHOR, DFLASH_TARGET_LAYERS, Keys, key)
 
 
-ARCH = "dflash"
+ARCH = DFLASH_ARCH
 ARCHITECTURES = ("Qwen3DSparkModel",)
 DEFAULT_BLOCK_SIZE = 16  # the DFlash default, used by the reference converter when the config has none
 # Keys that may sit at the top level or inside `dflash_config` (the two upstream schemas).
@@ -52,6 +53,7 @@ class DraftParams:
     mask_token_id: int
     sample_from_anchor: bool
     causal: bool | None  # None: the config does not say (the runtime then uses non-causal block attention)
+    markov_rank: int = 0  # markov_w1's columns: from the checkpoint's tensors, not the config (set by plan_draft)
 
     @classmethod
     def read(cls, cfg: Cfg, notes: list[str]) -> "DraftParams":
@@ -135,49 +137,37 @@ def _coupling(cfg: Cfg, nested: Cfg | None, notes: list[str]) -> dict:
     return out
 
 
-# --- name tables: GGUF name → (bare upstream name: checkpoint.layout drops `model.`, expected upstream shape) -------
+# --- name tables: Row(GGUF name, bare upstream name (checkpoint.layout drops `model.`), expected upstream shape) --
 
-E = Callable[[DraftParams, int], tuple]  # (params, markov rank) → shape
-
-GLOBAL: list[tuple[str, str, E]] = [
-    ("fc.weight", "fc.weight", lambda p, r: (p.hidden, len(p.target_layer_ids) * p.hidden)),
-    ("enc.output_norm.weight", "hidden_norm.weight", lambda p, r: (p.hidden,)),
-    ("output_norm.weight", "norm.weight", lambda p, r: (p.hidden,)),
-    ("markov_w1.weight", "markov_head.markov_w1.weight", lambda p, r: (p.vocab_size, r)),
-    ("markov_w2.weight", "markov_head.markov_w2.weight", lambda p, r: (p.draft_vocab_size, r)),
+GLOBAL: list[Row] = [
+    Row("fc.weight", "fc.weight", lambda p: (p.hidden, len(p.target_layer_ids) * p.hidden)),
+    Row("enc.output_norm.weight", "hidden_norm.weight", lambda p: (p.hidden,)),
+    Row("output_norm.weight", "norm.weight", lambda p: (p.hidden,)),
+    Row("markov_w1.weight", "markov_head.markov_w1.weight", lambda p: (p.vocab_size, p.markov_rank)),
+    Row("markov_w2.weight", "markov_head.markov_w2.weight", lambda p: (p.draft_vocab_size, p.markov_rank)),
 ]
-CONFIDENCE: list[tuple[str, str, E]] = [
+CONFIDENCE: list[Row] = [
     # input order is [final normed hidden ; markov_w1[prev]]
-    ("conf_proj.weight", "confidence_head.proj.weight", lambda p, r: (1, p.hidden + r)),
-    ("conf_proj.bias", "confidence_head.proj.bias", lambda p, r: (1,)),
+    Row("conf_proj.weight", "confidence_head.proj.weight", lambda p: (1, p.hidden + p.markov_rank)),
+    Row("conf_proj.bias", "confidence_head.proj.bias", lambda p: (1,)),
 ]
-EVERY_LAYER: list[tuple[str, str, E]] = [
-    ("attn_norm.weight", "input_layernorm.weight", lambda p, r: (p.hidden,)),
-    ("attn_q.weight", "self_attn.q_proj.weight", lambda p, r: (p.n_head * p.head_dim, p.hidden)),
-    ("attn_k.weight", "self_attn.k_proj.weight", lambda p, r: (p.n_head_kv * p.head_dim, p.hidden)),
-    ("attn_v.weight", "self_attn.v_proj.weight", lambda p, r: (p.n_head_kv * p.head_dim, p.hidden)),
-    ("attn_output.weight", "self_attn.o_proj.weight", lambda p, r: (p.hidden, p.n_head * p.head_dim)),
-    ("attn_q_norm.weight", "self_attn.q_norm.weight", lambda p, r: (p.head_dim,)),
-    ("attn_k_norm.weight", "self_attn.k_norm.weight", lambda p, r: (p.head_dim,)),
-    ("ffn_norm.weight", "post_attention_layernorm.weight", lambda p, r: (p.hidden,)),
-    ("ffn_gate.weight", "mlp.gate_proj.weight", lambda p, r: (p.ff, p.hidden)),
-    ("ffn_up.weight", "mlp.up_proj.weight", lambda p, r: (p.ff, p.hidden)),
-    ("ffn_down.weight", "mlp.down_proj.weight", lambda p, r: (p.hidden, p.ff)),
+EVERY_LAYER: list[Row] = [
+    Row("attn_norm.weight", "input_layernorm.weight", lambda p: (p.hidden,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", lambda p: (p.n_head * p.head_dim, p.hidden)),
+    Row("attn_k.weight", "self_attn.k_proj.weight", lambda p: (p.n_head_kv * p.head_dim, p.hidden)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", lambda p: (p.n_head_kv * p.head_dim, p.hidden)),
+    Row("attn_output.weight", "self_attn.o_proj.weight", lambda p: (p.hidden, p.n_head * p.head_dim)),
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", lambda p: (p.head_dim,)),
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", lambda p: (p.head_dim,)),
+    Row("ffn_norm.weight", "post_attention_layernorm.weight", lambda p: (p.hidden,)),
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", lambda p: (p.ff, p.hidden)),
+    Row("ffn_up.weight", "mlp.up_proj.weight", lambda p: (p.ff, p.hidden)),
+    Row("ffn_down.weight", "mlp.down_proj.weight", lambda p: (p.hidden, p.ff)),
 ]
 EMBEDDINGS = ("token_embd.weight", "embed_tokens.weight")
 HEAD = ("output.weight", "lm_head.weight")
 D2T = "d2t"
 NORM_SUFFIXES = ("norm.weight",)  # every RMSNorm weight of the drafter ends so upstream
-
-
-def _planned(gname: str, ref: TensorRef, want: tuple) -> PlannedTensor:
-    if ref.shape != tuple(want):
-        raise CheckpointError(f"draft tensor {ref.name}: expected shape {list(want)} from the config, found {list(ref.shape)}")
-
-    def build():
-        return ref.read(), ref.dtype
-
-    return PlannedTensor(gname, tuple(want), [ref], build)
 
 
 def _d2t_tensor(ref: TensorRef, p: DraftParams) -> PlannedTensor:
@@ -242,6 +232,7 @@ def plan_draft(dmd: ModelDir, *, target: ModelDir, target_plan: ConversionPlan, 
     rank = w1.shape[1]
     if len(w2.shape) != 2 or w2.shape[1] != rank:
         raise CheckpointError(f"markov_head.markov_w2: expected {rank} columns (markov_w1's rank), found {list(w2.shape)}")
+    p = replace(p, markov_rank=rank)
 
     used: set[str] = set()
 
@@ -250,23 +241,20 @@ def plan_draft(dmd: ModelDir, *, target: ModelDir, target_plan: ConversionPlan, 
         if ref is None:
             raise CheckpointError(f"draft tensor {name} is missing from the checkpoint")
         used.add(name)
-        return _planned(gname, ref, want)
+        return planned(gname, ref, want, what="draft tensor")
 
-    for gname, hf, shape in GLOBAL:
-        plan.tensors.append(take(gname, hf, shape(p, rank)))
-    has_conf = CONFIDENCE[0][1] in tensors
+    for row in GLOBAL:
+        plan.tensors.append(take(row.gguf, row.source, row.shape(p)))
+    has_conf = CONFIDENCE[0].source in tensors
     if has_conf:
-        for gname, hf, shape in CONFIDENCE:
-            if hf in tensors:  # the bias is optional
-                plan.tensors.append(take(gname, hf, shape(p, rank)))
+        for row in CONFIDENCE:
+            if row.source in tensors:  # the bias is optional
+                plan.tensors.append(take(row.gguf, row.source, row.shape(p)))
     for il in range(p.n_layer):
-        for gname, hf, shape in EVERY_LAYER:
-            plan.tensors.append(take(f"blk.{il}.{gname}", f"layers.{il}.{hf}", shape(p, rank)))
+        for row in EVERY_LAYER:
+            plan.tensors.append(take(f"blk.{il}.{row.gguf}", f"layers.{il}.{row.source}", row.shape(p)))
     _plan_vocab_tensors(plan, p, tensors, used, target_plan)
-
-    leftover = sorted(n for n in tensors if n not in used and n not in IGNORED_TENSORS)
-    if leftover:
-        raise CheckpointError(f"{len(leftover)} draft tensor(s) not understood by the converter, e.g. {leftover[0]}")
+    check_leftover(tensors, used, "draft", ignore=lambda n: n in IGNORED_TENSORS)
 
     _add_metadata(plan, p, has_conf, target, target_plan, target_params)
     for warning in sanity_warnings(tensors, used, rank):
@@ -289,10 +277,10 @@ def _plan_vocab_tensors(plan: ConversionPlan, p: DraftParams, tensors: dict, use
     elif D2T in tensors:
         raise CheckpointError(f"draft has a d2t table but draft_vocab_size equals vocab_size ({p.vocab_size})")
     if emb is not None:
-        plan.tensors.append(_planned(EMBEDDINGS[0], emb, (p.vocab_size, p.hidden)))
+        plan.tensors.append(planned(EMBEDDINGS[0], emb, (p.vocab_size, p.hidden), what="draft tensor"))
         used.add(EMBEDDINGS[1])
     if head is not None:
-        plan.tensors.append(_planned(HEAD[0], head, (p.draft_vocab_size, p.hidden)))
+        plan.tensors.append(planned(HEAD[0], head, (p.draft_vocab_size, p.hidden), what="draft tensor"))
         used.add(HEAD[1])
     elif emb is not None:
         # With token_embd but no output the runtime would reuse the embeddings as the head (tied), which the
@@ -307,34 +295,34 @@ def _plan_vocab_tensors(plan: ConversionPlan, p: DraftParams, tensors: dict, use
 
 def _add_metadata(plan: ConversionPlan, p: DraftParams, has_conf: bool, target: ModelDir, target_plan, tp) -> None:
     a = ARCH
-    plan.u32(f"{a}.block_count", p.n_layer)
-    plan.u32(f"{a}.context_length", p.ctx_len or tp.ctx_len)
-    plan.u32(f"{a}.embedding_length", p.hidden)
-    plan.u32(f"{a}.feed_forward_length", p.ff)
-    plan.u32(f"{a}.attention.head_count", p.n_head)
-    plan.u32(f"{a}.attention.head_count_kv", p.n_head_kv)
-    plan.u32(f"{a}.attention.key_length", p.head_dim)
-    plan.u32(f"{a}.attention.value_length", p.head_dim)
-    plan.f32(f"{a}.attention.layer_norm_rms_epsilon", p.rms_eps)
-    plan.f32(f"{a}.rope.freq_base", p.rope_theta)
+    plan.u32(key(Keys.LLM.BLOCK_COUNT, a), p.n_layer)
+    plan.u32(key(Keys.LLM.CONTEXT_LENGTH, a), p.ctx_len or tp.ctx_len)
+    plan.u32(key(Keys.LLM.EMBEDDING_LENGTH, a), p.hidden)
+    plan.u32(key(Keys.LLM.FEED_FORWARD_LENGTH, a), p.ff)
+    plan.u32(key(Keys.Attention.HEAD_COUNT, a), p.n_head)
+    plan.u32(key(Keys.Attention.HEAD_COUNT_KV, a), p.n_head_kv)
+    plan.u32(key(Keys.Attention.KEY_LENGTH, a), p.head_dim)
+    plan.u32(key(Keys.Attention.VALUE_LENGTH, a), p.head_dim)
+    plan.f32(key(Keys.Attention.LAYERNORM_RMS_EPS, a), p.rms_eps)
+    plan.f32(key(Keys.Rope.FREQ_BASE, a), p.rope_theta)
     n_rot = p.n_rot or p.head_dim
     if p.n_rot:
-        plan.u32(f"{a}.rope.dimension_count", p.n_rot)
+        plan.u32(key(Keys.Rope.DIMENSION_COUNT, a), p.n_rot)
     if _target_uses_mrope(target):
         # degenerate sections: every rotary pair uses the sequence position, i.e. plain NeoX RoPE
-        plan.arr(f"{a}.rope.dimension_sections", [n_rot // 2, 0, 0, 0])
+        plan.arr(key(Keys.Rope.DIMENSION_SECTIONS, a), [n_rot // 2, 0, 0, 0])
     # the runtime taps the *input* of layer k, i.e. the output of HF decoder layer k-1
-    plan.arr(f"{a}.target_layers", [i + 1 for i in p.target_layer_ids])
-    plan.u32(f"{a}.block_size", p.block_size)
-    plan.bool(f"{a}.sample_from_anchor", p.sample_from_anchor)
-    plan.bool(f"{a}.has_confidence_head", has_conf)
+    plan.arr(key(DFLASH_TARGET_LAYERS, a), [i + 1 for i in p.target_layer_ids])
+    plan.u32(key(DFLASH_BLOCK_SIZE, a), p.block_size)
+    plan.bool(key(DFLASH_SAMPLE_FROM_ANCHOR, a), p.sample_from_anchor)
+    plan.bool(key(DFLASH_HAS_CONFIDENCE_HEAD, a), has_conf)
     if p.causal is not None:
-        plan.bool(f"{a}.attention.causal", p.causal)
-    tok = [kv for kv in target_plan.kvs if kv.key.startswith("tokenizer.") and kv.key != "tokenizer.ggml.mask_token_id"]
-    if not any(kv.key == "tokenizer.ggml.model" for kv in tok):
+        plan.bool(key(Keys.Attention.CAUSAL, a), p.causal)
+    tok = [kv for kv in target_plan.kvs if kv.key.startswith("tokenizer.") and kv.key != Keys.Tokenizer.MASK_ID]
+    if not any(kv.key == Keys.Tokenizer.MODEL for kv in tok):
         raise PairingError("the target plan carries no tokenizer keys to copy into the draft")
     plan.kvs.extend(tok)
-    plan.u32("tokenizer.ggml.mask_token_id", p.mask_token_id)
+    plan.u32(Keys.Tokenizer.MASK_ID, p.mask_token_id)
 
 
 # --- sanity report ------------------------------------------------------------------------------------------------

@@ -1,20 +1,18 @@
 """OpenBMB MiniCPM-V 4.7 (`MiniCPMV4_7ForConditionalGeneration`): Qwen3.5-MoE text tower + SigLIP vision tower.
 
-The text tower becomes a `qwen35moe` GGUF; the vision tower (model.vision_tower.*, model.merger.*) is the mmproj's.
-Names here are transformers-native: the other published layouts are renamed when the folder is opened
+The text tower becomes a `qwen35moe` GGUF (this module, a text converter); the vision tower (model.vision_tower.*,
+model.merger.*) is the mmproj's (ggufbridge.arch.minicpmv4_7_vision, registered as this architecture's mmproj
+converter). Names here are transformers-native: the other published layouts are renamed when the folder is opened
 (ggufbridge.checkpoint.layout).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ggufbridge.arch import qwen35moe
 from ggufbridge.arch.config import Cfg
-from ggufbridge.arch.plan import ConversionPlan
+from ggufbridge.arch.plan import ConversionPlan, check_leftover
 from ggufbridge.checkpoint.layout import expect_family
 from ggufbridge.checkpoint.model_dir import ModelDir
-from ggufbridge.errors import CheckpointError
 from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab
 
 TEXT_PREFIX = "model.language_model."
@@ -33,19 +31,6 @@ def plan_target(md: ModelDir) -> tuple[ConversionPlan, qwen35moe.TextParams]:
     vocab = read_vocab(md.path, params.vocab_size)
     used = qwen35moe.plan_text(plan, params, md.tensors, TEXT_PREFIX, HEAD)
     add_vocab(plan, vocab)
-    leftover = [
-        n for n in md.tensors
-        if n not in used and not n.startswith(VISION_PREFIXES) and not n.startswith(MTP_PREFIXES)
-    ]
-    if leftover:
-        raise CheckpointError(
-            f"{len(leftover)} text tensor(s) not understood by the converter, e.g. {sorted(leftover)[0]}"
-        )
+    # the vision tower is the mmproj converter's; MTP layers are not converted (plan_text notes it)
+    check_leftover(md.tensors, used, "text", ignore=lambda n: n.startswith(VISION_PREFIXES + MTP_PREFIXES))
     return plan, params
-
-
-def plan_mmproj(md: ModelDir, params: qwen35moe.TextParams, downsample: str | None = None):
-    """The vision tower's mmproj plan (None without a vision tower): see ggufbridge.arch.minicpmv4_7_vision."""
-    from ggufbridge.arch import minicpmv4_7_vision
-
-    return minicpmv4_7_vision.plan_mmproj(md, params.hidden, downsample=downsample)

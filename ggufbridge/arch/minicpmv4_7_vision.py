@@ -12,10 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, planned
 from ggufbridge.checkpoint.model_dir import ModelDir, load_json
-from ggufbridge.checkpoint.safetensors import TensorRef, to_f32
+from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
+from ggufbridge.ggufio.names import (MINICPMV_CANVAS_MROPE, MINICPMV_MAX_SLICE_NUMS, MINICPMV_PROCESSOR_SLICING,
+                                    MINICPMV_USE_IMAGE_ID, Keys)
+from ggufbridge.ggufio.names import VIT_MERGER as VIT_MERGER_PREFIX
 
 ARCH = "clip"
 PROJECTOR = "minicpmv4_6"  # the runtime's projector for MiniCPM-V 4.6 and 4.7 (same graph)
@@ -131,78 +134,55 @@ def expand_position_table(table: np.ndarray, grid: int) -> np.ndarray:
     return np.ascontiguousarray(table[rows])
 
 
-# --- name tables: GGUF name → (HF name, expected HF shape) -----------------------------------------------------
-# Shapes are written with symbols resolved by `_shape`: D = vision hidden, F = vision ff, P = patch,
-# T = text hidden; "4D"/"4F" are the 2×2-concatenated widths.
-D, F, P, T, D4, F4 = "D", "F", "P", "T", "4D", "4F"
-
-
-def _shape(p: VisionParams, spec: tuple) -> tuple[int, ...]:
-    sizes = {D: p.hidden, F: p.ff, P: p.patch, T: p.text_hidden, D4: 4 * p.hidden, F4: 4 * p.ff}
-    return tuple(sizes.get(s, s) for s in spec)
-
+# --- name tables: Row(GGUF name, HF name, expected HF shape from the params) -----------------------------------
+# 4 * hidden / 4 * ff are the 2×2-concatenated widths of the mergers.
 
 GLOBAL = [
-    ("v.patch_embd.weight", TOWER + "embeddings.patch_embedding.weight", (D, 3, P, P)),
-    ("v.patch_embd.bias", TOWER + "embeddings.patch_embedding.bias", (D,)),
-    ("v.post_ln.weight", TOWER + "post_layernorm.weight", (D,)),
-    ("v.post_ln.bias", TOWER + "post_layernorm.bias", (D,)),
-    ("mm.input_norm.weight", MERGER + "pre_norm.weight", (D4,)),
-    ("mm.input_norm.bias", MERGER + "pre_norm.bias", (D4,)),
-    ("mm.up.weight", MERGER + "linear_1.weight", (D4, D4)),
-    ("mm.up.bias", MERGER + "linear_1.bias", (D4,)),
-    ("mm.down.weight", MERGER + "linear_2.weight", (T, D4)),
-    ("mm.down.bias", MERGER + "linear_2.bias", (T,)),
+    Row("v.patch_embd.weight", TOWER + "embeddings.patch_embedding.weight", lambda p: (p.hidden, 3, p.patch, p.patch)),
+    Row("v.patch_embd.bias", TOWER + "embeddings.patch_embedding.bias", lambda p: (p.hidden,)),
+    Row("v.post_ln.weight", TOWER + "post_layernorm.weight", lambda p: (p.hidden,)),
+    Row("v.post_ln.bias", TOWER + "post_layernorm.bias", lambda p: (p.hidden,)),
+    Row("mm.input_norm.weight", MERGER + "pre_norm.weight", lambda p: (4 * p.hidden,)),
+    Row("mm.input_norm.bias", MERGER + "pre_norm.bias", lambda p: (4 * p.hidden,)),
+    Row("mm.up.weight", MERGER + "linear_1.weight", lambda p: (4 * p.hidden, 4 * p.hidden)),
+    Row("mm.up.bias", MERGER + "linear_1.bias", lambda p: (4 * p.hidden,)),
+    Row("mm.down.weight", MERGER + "linear_2.weight", lambda p: (p.text_hidden, 4 * p.hidden)),
+    Row("mm.down.bias", MERGER + "linear_2.bias", lambda p: (p.text_hidden,)),
 ]
-EVERY_LAYER = [
-    ("attn_q.weight", "self_attn.q_proj.weight", (D, D)),
-    ("attn_q.bias", "self_attn.q_proj.bias", (D,)),
-    ("attn_k.weight", "self_attn.k_proj.weight", (D, D)),
-    ("attn_k.bias", "self_attn.k_proj.bias", (D,)),
-    ("attn_v.weight", "self_attn.v_proj.weight", (D, D)),
-    ("attn_v.bias", "self_attn.v_proj.bias", (D,)),
-    ("attn_out.weight", "self_attn.out_proj.weight", (D, D)),
-    ("attn_out.bias", "self_attn.out_proj.bias", (D,)),
-    ("ln1.weight", "layer_norm1.weight", (D,)),
-    ("ln1.bias", "layer_norm1.bias", (D,)),
-    ("ln2.weight", "layer_norm2.weight", (D,)),
-    ("ln2.bias", "layer_norm2.bias", (D,)),
-    ("ffn_up.weight", "mlp.fc1.weight", (F, D)),
-    ("ffn_up.bias", "mlp.fc1.bias", (F,)),
-    ("ffn_down.weight", "mlp.fc2.weight", (D, F)),
-    ("ffn_down.bias", "mlp.fc2.bias", (D,)),
+ATTENTION = [  # a SigLIP attention block: each encoder layer's, and the window merger's
+    Row("attn_q.weight", "self_attn.q_proj.weight", lambda p: (p.hidden, p.hidden)),
+    Row("attn_q.bias", "self_attn.q_proj.bias", lambda p: (p.hidden,)),
+    Row("attn_k.weight", "self_attn.k_proj.weight", lambda p: (p.hidden, p.hidden)),
+    Row("attn_k.bias", "self_attn.k_proj.bias", lambda p: (p.hidden,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", lambda p: (p.hidden, p.hidden)),
+    Row("attn_v.bias", "self_attn.v_proj.bias", lambda p: (p.hidden,)),
+    Row("attn_out.weight", "self_attn.out_proj.weight", lambda p: (p.hidden, p.hidden)),
+    Row("attn_out.bias", "self_attn.out_proj.bias", lambda p: (p.hidden,)),
 ]
-VIT_MERGER = [  # only in 16x mode (the runtime skips the window merger when scale_factor is 2)
-    ("v.vit_merger.ln1.weight", "layer_norm1.weight", (D,)),
-    ("v.vit_merger.ln1.bias", "layer_norm1.bias", (D,)),
-    ("v.vit_merger.attn_q.weight", "self_attn.q_proj.weight", (D, D)),
-    ("v.vit_merger.attn_q.bias", "self_attn.q_proj.bias", (D,)),
-    ("v.vit_merger.attn_k.weight", "self_attn.k_proj.weight", (D, D)),
-    ("v.vit_merger.attn_k.bias", "self_attn.k_proj.bias", (D,)),
-    ("v.vit_merger.attn_v.weight", "self_attn.v_proj.weight", (D, D)),
-    ("v.vit_merger.attn_v.bias", "self_attn.v_proj.bias", (D,)),
-    ("v.vit_merger.attn_out.weight", "self_attn.out_proj.weight", (D, D)),
-    ("v.vit_merger.attn_out.bias", "self_attn.out_proj.bias", (D,)),
-    ("v.vit_merger.ds_ln.weight", "pre_norm.weight", (D4,)),
-    ("v.vit_merger.ds_ln.bias", "pre_norm.bias", (D4,)),
-    ("v.vit_merger.ds_ffn_up.weight", "linear_1.weight", (F4, D4)),
-    ("v.vit_merger.ds_ffn_up.bias", "linear_1.bias", (F4,)),
-    ("v.vit_merger.ds_ffn_down.weight", "linear_2.weight", (D, F4)),
-    ("v.vit_merger.ds_ffn_down.bias", "linear_2.bias", (D,)),
+LN1 = [
+    Row("ln1.weight", "layer_norm1.weight", lambda p: (p.hidden,)),
+    Row("ln1.bias", "layer_norm1.bias", lambda p: (p.hidden,)),
+]
+EVERY_LAYER = ATTENTION + LN1 + [
+    Row("ln2.weight", "layer_norm2.weight", lambda p: (p.hidden,)),
+    Row("ln2.bias", "layer_norm2.bias", lambda p: (p.hidden,)),
+    Row("ffn_up.weight", "mlp.fc1.weight", lambda p: (p.ff, p.hidden)),
+    Row("ffn_up.bias", "mlp.fc1.bias", lambda p: (p.ff,)),
+    Row("ffn_down.weight", "mlp.fc2.weight", lambda p: (p.hidden, p.ff)),
+    Row("ffn_down.bias", "mlp.fc2.bias", lambda p: (p.hidden,)),
+]
+# only in 16x mode (the runtime skips the window merger when scale_factor is 2): ln1 + attention, then the 2×2
+# downsample MLP
+VIT_MERGER = [Row(VIT_MERGER_PREFIX + r.gguf, r.source, r.shape) for r in LN1 + ATTENTION] + [
+    Row(VIT_MERGER_PREFIX + "ds_ln.weight", "pre_norm.weight", lambda p: (4 * p.hidden,)),
+    Row(VIT_MERGER_PREFIX + "ds_ln.bias", "pre_norm.bias", lambda p: (4 * p.hidden,)),
+    Row(VIT_MERGER_PREFIX + "ds_ffn_up.weight", "linear_1.weight", lambda p: (4 * p.ff, 4 * p.hidden)),
+    Row(VIT_MERGER_PREFIX + "ds_ffn_up.bias", "linear_1.bias", lambda p: (4 * p.ff,)),
+    Row(VIT_MERGER_PREFIX + "ds_ffn_down.weight", "linear_2.weight", lambda p: (p.hidden, 4 * p.ff)),
+    Row(VIT_MERGER_PREFIX + "ds_ffn_down.bias", "linear_2.bias", lambda p: (p.hidden,)),
 ]
 # Biases the runtime treats as optional (C.2): absent in the checkpoint → simply not written.
 OPTIONAL_SUFFIX = ".bias"
-
-
-def _planned(name: str, ref: TensorRef, want: tuple) -> PlannedTensor:
-    if ref.shape != want:
-        raise CheckpointError(f"tensor {ref.name}: expected shape {list(want)} from the config, found {list(ref.shape)}")
-
-    def build():
-        return ref.read(), ref.dtype
-
-    # patch embedding: kept at least F16 by the writer; 1-D weights (norms, biases) go F32 (element-wise use)
-    return PlannedTensor(name, want, [ref], build, force_f32=len(want) == 1)
 
 
 def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -> ConversionPlan | None:
@@ -211,28 +191,28 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
         return None
     p = read_params(md, text_hidden, downsample)
     plan = ConversionPlan(ARCH)
-    plan.bool("clip.has_vision_encoder", True)
-    plan.bool("clip.has_audio_encoder", False)
-    plan.str("clip.projector_type", PROJECTOR)
-    plan.bool("clip.use_gelu", True)
-    plan.u32("clip.vision.embedding_length", p.hidden)
-    plan.u32("clip.vision.feed_forward_length", p.ff)
-    plan.u32("clip.vision.block_count", p.n_layer)
-    plan.u32("clip.vision.attention.head_count", p.n_head)
-    plan.f32("clip.vision.attention.layer_norm_epsilon", p.eps)
-    plan.u32("clip.vision.projection_dim", p.text_hidden)
-    plan.u32("clip.vision.image_size", p.slice_size)
-    plan.u32("clip.vision.patch_size", p.patch)
-    plan.arr("clip.vision.image_mean", [float(x) for x in p.mean])
-    plan.arr("clip.vision.image_std", [float(x) for x in p.std])
-    plan.u32("clip.vision.projector.scale_factor", p.scale_factor)
-    plan.arr("clip.vision.wa_layer_indexes", [int(p.insert_layer_id)])  # INT32 elements (the runtime insists)
+    plan.bool(Keys.Clip.HAS_VISION_ENCODER, True)
+    plan.bool(Keys.Clip.HAS_AUDIO_ENCODER, False)
+    plan.str(Keys.Clip.PROJECTOR_TYPE, PROJECTOR)
+    plan.bool(Keys.ClipVision.USE_GELU, True)
+    plan.u32(Keys.ClipVision.EMBEDDING_LENGTH, p.hidden)
+    plan.u32(Keys.ClipVision.FEED_FORWARD_LENGTH, p.ff)
+    plan.u32(Keys.ClipVision.BLOCK_COUNT, p.n_layer)
+    plan.u32(Keys.ClipVision.Attention.HEAD_COUNT, p.n_head)
+    plan.f32(Keys.ClipVision.Attention.LAYERNORM_EPS, p.eps)
+    plan.u32(Keys.ClipVision.PROJECTION_DIM, p.text_hidden)
+    plan.u32(Keys.ClipVision.IMAGE_SIZE, p.slice_size)
+    plan.u32(Keys.ClipVision.PATCH_SIZE, p.patch)
+    plan.arr(Keys.ClipVision.IMAGE_MEAN, [float(x) for x in p.mean])
+    plan.arr(Keys.ClipVision.IMAGE_STD, [float(x) for x in p.std])
+    plan.u32(Keys.ClipVision.Projector.SCALE_FACTOR, p.scale_factor)
+    plan.arr(Keys.ClipVision.WA_LAYER_INDEXES, [int(p.insert_layer_id)])  # INT32 elements (the runtime insists)
     # read by ggufbridge's patched libmtmd only (patches/llama.cpp, docs/vision.md): the processor's own slicing,
     # canvas M-RoPE and the <image_id> prefix; a stock runtime ignores unknown keys
-    plan.bool("clip.minicpmv.processor_slicing", True)
-    plan.u32("clip.minicpmv.max_slice_nums", p.max_slice_nums)
-    plan.bool("clip.minicpmv.canvas_mrope", True)
-    plan.bool("clip.minicpmv.use_image_id", p.use_image_id)
+    plan.bool(MINICPMV_PROCESSOR_SLICING, True)
+    plan.u32(MINICPMV_MAX_SLICE_NUMS, p.max_slice_nums)
+    plan.bool(MINICPMV_CANVAS_MROPE, True)
+    plan.bool(MINICPMV_USE_IMAGE_ID, p.use_image_id)
 
     def take(hf: str, want: tuple, gname: str) -> None:
         ref = md.tensors.get(hf)
@@ -240,10 +220,11 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
             if gname.endswith(OPTIONAL_SUFFIX):
                 return
             raise CheckpointError(f"tensor {hf} is missing from the checkpoint (needed for {gname})")
-        plan.tensors.append(_planned(gname, ref, want))
+        # 1-D weights (norms, biases) go F32 (element-wise use); the writer keeps the patch embedding at least F16
+        plan.tensors.append(planned(gname, ref, want, force_f32=len(want) == 1))
 
-    for gname, hf, spec in GLOBAL:
-        take(hf, _shape(p, spec), gname)
+    for row in GLOBAL:
+        take(row.source, row.shape(p), row.gguf)
     pos_name = TOWER + "embeddings.position_embedding.weight"
     pos = md.tensors.get(pos_name)
     if pos is None:
@@ -257,11 +238,11 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
 
     plan.tensors.append(PlannedTensor("v.position_embd.weight", (RUNTIME_GRID ** 2, p.hidden), [pos], build_pos))
     for il in range(p.n_layer):
-        for gname, hf, spec in EVERY_LAYER:
-            take(f"{TOWER}encoder.layers.{il}.{hf}", _shape(p, spec), f"v.blk.{il}.{gname}")
+        for row in EVERY_LAYER:
+            take(f"{TOWER}encoder.layers.{il}.{row.source}", row.shape(p), f"v.blk.{il}.{row.gguf}")
     if p.has_vit_merger:
-        for gname, hf, spec in VIT_MERGER:
-            take(f"{TOWER}vit_merger.{hf}", _shape(p, spec), gname)
+        for row in VIT_MERGER:
+            take(f"{TOWER}vit_merger.{row.source}", row.shape(p), row.gguf)
     else:
         plan.notes.append("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
     if p.grid != RUNTIME_GRID:

@@ -12,11 +12,13 @@ from typing import Callable
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, planned
 from ggufbridge.checkpoint.safetensors import DTYPES, TensorRef, to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
+from ggufbridge.ggufio.names import MODEL_ARCH, MODEL_ARCH_NAMES, RECURRENT_LAYERS, Keys, key, tensor
+from ggufbridge.ggufio.names import MODEL_TENSOR as T
 
-ARCH = "qwen35moe"
+ARCH = MODEL_ARCH_NAMES[MODEL_ARCH.QWEN35MOE]  # "qwen35moe"
 TEXT_MODEL_TYPES = ("qwen3_5_moe_text",)
 DEFAULT_MROPE_SECTION = [11, 11, 10]
 
@@ -189,62 +191,56 @@ TRANSFORMS: dict[str, Callable] = {
 # Transforms whose output the runtime uses element-wise: always stored F32.
 F32_TRANSFORMS = {"rmsnorm_offset", "f32", "neg_exp_a_log", "conv_squeeze"}
 
-# --- name tables: GGUF name → (HF name, transform, expected HF shape as a function of the params) ------------------
+# --- name tables: Row(GGUF name, HF name, expected HF shape from the params, transform) --------------------------
 
 GLOBAL = [
-    ("token_embd.weight", "embed_tokens.weight", None, lambda p: (p.vocab_size, p.hidden)),
-    ("output_norm.weight", "norm.weight", "rmsnorm_offset", lambda p: (p.hidden,)),
+    Row(tensor(T.TOKEN_EMBD), "embed_tokens.weight", lambda p: (p.vocab_size, p.hidden)),
+    Row(tensor(T.OUTPUT_NORM), "norm.weight", lambda p: (p.hidden,), "rmsnorm_offset"),
 ]
 EVERY_LAYER = [
-    ("attn_norm.weight", "input_layernorm.weight", "rmsnorm_offset", lambda p: (p.hidden,)),
-    ("post_attention_norm.weight", "post_attention_layernorm.weight", "rmsnorm_offset", lambda p: (p.hidden,)),
-    ("ffn_gate_inp.weight", "mlp.gate.weight", "f32", lambda p: (p.n_expert, p.hidden)),  # router: kept exact
-    ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", "f32", lambda p: (1, p.hidden)),
-    ("ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", None, lambda p: (p.ff_shexp, p.hidden)),
-    ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", None, lambda p: (p.ff_shexp, p.hidden)),
-    ("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", None, lambda p: (p.hidden, p.ff_shexp)),
+    Row(tensor(T.ATTN_NORM), "input_layernorm.weight", lambda p: (p.hidden,), "rmsnorm_offset"),
+    Row(tensor(T.ATTN_POST_NORM), "post_attention_layernorm.weight", lambda p: (p.hidden,), "rmsnorm_offset"),
+    Row(tensor(T.FFN_GATE_INP), "mlp.gate.weight", lambda p: (p.n_expert, p.hidden), "f32"),  # router: kept exact
+    Row(tensor(T.FFN_GATE_INP_SHEXP), "mlp.shared_expert_gate.weight", lambda p: (1, p.hidden), "f32"),
+    Row(tensor(T.FFN_GATE_SHEXP), "mlp.shared_expert.gate_proj.weight", lambda p: (p.ff_shexp, p.hidden)),
+    Row(tensor(T.FFN_UP_SHEXP), "mlp.shared_expert.up_proj.weight", lambda p: (p.ff_shexp, p.hidden)),
+    Row(tensor(T.FFN_DOWN_SHEXP), "mlp.shared_expert.down_proj.weight", lambda p: (p.hidden, p.ff_shexp)),
 ]
 FULL_ATTENTION = [
     # q_proj rows are per head [q(D) ; gate(D)]; the runtime reads both halves from that layout as-is.
-    ("attn_q.weight", "self_attn.q_proj.weight", None, lambda p: (2 * p.n_head * p.head_dim, p.hidden)),
-    ("attn_k.weight", "self_attn.k_proj.weight", None, lambda p: (p.n_head_kv * p.head_dim, p.hidden)),
-    ("attn_v.weight", "self_attn.v_proj.weight", None, lambda p: (p.n_head_kv * p.head_dim, p.hidden)),
-    ("attn_output.weight", "self_attn.o_proj.weight", None, lambda p: (p.hidden, p.n_head * p.head_dim)),
-    ("attn_q_norm.weight", "self_attn.q_norm.weight", "rmsnorm_offset", lambda p: (p.head_dim,)),
-    ("attn_k_norm.weight", "self_attn.k_norm.weight", "rmsnorm_offset", lambda p: (p.head_dim,)),
+    Row(tensor(T.ATTN_Q), "self_attn.q_proj.weight", lambda p: (2 * p.n_head * p.head_dim, p.hidden)),
+    Row(tensor(T.ATTN_K), "self_attn.k_proj.weight", lambda p: (p.n_head_kv * p.head_dim, p.hidden)),
+    Row(tensor(T.ATTN_V), "self_attn.v_proj.weight", lambda p: (p.n_head_kv * p.head_dim, p.hidden)),
+    Row(tensor(T.ATTN_OUT), "self_attn.o_proj.weight", lambda p: (p.hidden, p.n_head * p.head_dim)),
+    Row(tensor(T.ATTN_Q_NORM), "self_attn.q_norm.weight", lambda p: (p.head_dim,), "rmsnorm_offset"),
+    Row(tensor(T.ATTN_K_NORM), "self_attn.k_norm.weight", lambda p: (p.head_dim,), "rmsnorm_offset"),
 ]
 LINEAR_ATTENTION = [
-    ("attn_qkv.weight", "linear_attn.in_proj_qkv.weight", "vheads_after_qk", lambda p: (p.conv_dim, p.hidden)),
-    ("attn_gate.weight", "linear_attn.in_proj_z.weight", "vheads_rows", lambda p: (p.dinner, p.hidden)),
-    ("ssm_conv1d.weight", "linear_attn.conv1d.weight", "conv_squeeze", lambda p: (p.conv_dim, 1, p.conv_kernel)),
-    ("ssm_dt.bias", "linear_attn.dt_bias", "vheads_scalar", lambda p: (p.hv,)),
-    ("ssm_a", "linear_attn.A_log", "neg_exp_a_log", lambda p: (p.hv,)),
-    ("ssm_beta.weight", "linear_attn.in_proj_b.weight", "vheads_scalar", lambda p: (p.hv, p.hidden)),
-    ("ssm_alpha.weight", "linear_attn.in_proj_a.weight", "vheads_scalar", lambda p: (p.hv, p.hidden)),
+    Row(tensor(T.ATTN_QKV), "linear_attn.in_proj_qkv.weight", lambda p: (p.conv_dim, p.hidden), "vheads_after_qk"),
+    Row(tensor(T.ATTN_GATE), "linear_attn.in_proj_z.weight", lambda p: (p.dinner, p.hidden), "vheads_rows"),
+    Row(tensor(T.SSM_CONV1D), "linear_attn.conv1d.weight", lambda p: (p.conv_dim, 1, p.conv_kernel), "conv_squeeze"),
+    Row(tensor(T.SSM_DT, "bias"), "linear_attn.dt_bias", lambda p: (p.hv,), "vheads_scalar"),
+    Row(tensor(T.SSM_A, None), "linear_attn.A_log", lambda p: (p.hv,), "neg_exp_a_log"),
+    Row(tensor(T.SSM_BETA), "linear_attn.in_proj_b.weight", lambda p: (p.hv, p.hidden), "vheads_scalar"),
+    Row(tensor(T.SSM_ALPHA), "linear_attn.in_proj_a.weight", lambda p: (p.hv, p.hidden), "vheads_scalar"),
     # The gated norm multiplies by its weight as stored (no +1 here).
-    ("ssm_norm.weight", "linear_attn.norm.weight", "f32", lambda p: (p.dk,)),
-    ("ssm_out.weight", "linear_attn.out_proj.weight", "vheads_cols", lambda p: (p.hidden, p.dinner)),
+    Row(tensor(T.SSM_NORM), "linear_attn.norm.weight", lambda p: (p.dk,), "f32"),
+    Row(tensor(T.SSM_OUT), "linear_attn.out_proj.weight", lambda p: (p.hidden, p.dinner), "vheads_cols"),
 ]
 # Routed experts: GGUF name → (per-expert HF name, fused HF name, rows taken from the fused tensor)
 EXPERTS = [
-    ("ffn_gate_exps.weight", "mlp.experts.{e}.gate_proj.weight", "mlp.experts.gate_up_proj", "first"),
-    ("ffn_up_exps.weight", "mlp.experts.{e}.up_proj.weight", "mlp.experts.gate_up_proj", "second"),
-    ("ffn_down_exps.weight", "mlp.experts.{e}.down_proj.weight", "mlp.experts.down_proj", "all"),
+    (tensor(T.FFN_GATE_EXP), "mlp.experts.{e}.gate_proj.weight", "mlp.experts.gate_up_proj", "first"),
+    (tensor(T.FFN_UP_EXP), "mlp.experts.{e}.up_proj.weight", "mlp.experts.gate_up_proj", "second"),
+    (tensor(T.FFN_DOWN_EXP), "mlp.experts.{e}.down_proj.weight", "mlp.experts.down_proj", "all"),
 ]
 
 
-def _planned(name: str, ref: TensorRef, transform: str | None, p: TextParams, want: tuple) -> PlannedTensor:
-    if ref.shape != tuple(want):
-        raise CheckpointError(f"tensor {ref.name}: expected shape {list(want)} from the config, found {list(ref.shape)}")
-
-    def build():
-        a = ref.read()
-        if transform is None:
-            return a, ref.dtype
-        return TRANSFORMS[transform](a, ref.dtype, p)
-
-    shape = (want[0], want[2]) if transform == "conv_squeeze" else tuple(want)
-    return PlannedTensor(name, shape, [ref], build, force_f32=transform in F32_TRANSFORMS or len(shape) == 1)
+def _transformed(name: str, ref: TensorRef, transform: str | None, p: TextParams, want: tuple) -> PlannedTensor:
+    # TRANSFORMS is looked up at build time, so that the ablation tests can swap one out
+    fn = None if transform is None else (lambda a, dtype: TRANSFORMS[transform](a, dtype, p))
+    stored = (want[0], want[2]) if transform == "conv_squeeze" else tuple(want)
+    return planned(name, ref, want, transform=fn, stored_shape=stored,
+                   force_f32=transform in F32_TRANSFORMS or len(stored) == 1)
 
 
 def _experts(gname: str, per_expert: str, fused: str, part: str, prefix: str, tensors: dict, p: TextParams,
@@ -297,28 +293,28 @@ def _experts(gname: str, per_expert: str, fused: str, part: str, prefix: str, te
 def plan_text(plan: ConversionPlan, p: TextParams, tensors: dict[str, TensorRef], prefix: str, head_name: str) -> set[str]:
     """Add the qwen35moe metadata and tensors to `plan`. Returns the source tensor names consumed."""
     a = ARCH
-    plan.u32(f"{a}.block_count", p.n_layer)
-    plan.u32(f"{a}.context_length", p.ctx_len)
-    plan.u32(f"{a}.embedding_length", p.hidden)
-    plan.u32(f"{a}.feed_forward_length", p.ff_exp)
-    plan.u32(f"{a}.expert_feed_forward_length", p.ff_exp)
-    plan.u32(f"{a}.expert_shared_feed_forward_length", p.ff_shexp)
-    plan.u32(f"{a}.expert_count", p.n_expert)
-    plan.u32(f"{a}.expert_used_count", p.n_expert_used)
-    plan.u32(f"{a}.attention.head_count", p.n_head)
-    plan.u32(f"{a}.attention.head_count_kv", p.n_head_kv)
-    plan.u32(f"{a}.attention.key_length", p.head_dim)
-    plan.u32(f"{a}.attention.value_length", p.head_dim)
-    plan.f32(f"{a}.attention.layer_norm_rms_epsilon", p.rms_eps)
-    plan.u32(f"{a}.rope.dimension_count", p.n_rot)
-    plan.arr(f"{a}.rope.dimension_sections", list(p.sections))
-    plan.f32(f"{a}.rope.freq_base", p.rope_theta)
-    plan.u32(f"{a}.ssm.conv_kernel", p.conv_kernel)
-    plan.u32(f"{a}.ssm.state_size", p.dk)
-    plan.u32(f"{a}.ssm.group_count", p.gk)
-    plan.u32(f"{a}.ssm.time_step_rank", p.hv)
-    plan.u32(f"{a}.ssm.inner_size", p.dinner)
-    plan.arr(f"{a}.attention.recurrent_layers", list(p.recurrent))
+    plan.u32(key(Keys.LLM.BLOCK_COUNT, a), p.n_layer)
+    plan.u32(key(Keys.LLM.CONTEXT_LENGTH, a), p.ctx_len)
+    plan.u32(key(Keys.LLM.EMBEDDING_LENGTH, a), p.hidden)
+    plan.u32(key(Keys.LLM.FEED_FORWARD_LENGTH, a), p.ff_exp)
+    plan.u32(key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, a), p.ff_exp)
+    plan.u32(key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, a), p.ff_shexp)
+    plan.u32(key(Keys.LLM.EXPERT_COUNT, a), p.n_expert)
+    plan.u32(key(Keys.LLM.EXPERT_USED_COUNT, a), p.n_expert_used)
+    plan.u32(key(Keys.Attention.HEAD_COUNT, a), p.n_head)
+    plan.u32(key(Keys.Attention.HEAD_COUNT_KV, a), p.n_head_kv)
+    plan.u32(key(Keys.Attention.KEY_LENGTH, a), p.head_dim)
+    plan.u32(key(Keys.Attention.VALUE_LENGTH, a), p.head_dim)
+    plan.f32(key(Keys.Attention.LAYERNORM_RMS_EPS, a), p.rms_eps)
+    plan.u32(key(Keys.Rope.DIMENSION_COUNT, a), p.n_rot)
+    plan.arr(key(Keys.Rope.DIMENSION_SECTIONS, a), list(p.sections))
+    plan.f32(key(Keys.Rope.FREQ_BASE, a), p.rope_theta)
+    plan.u32(key(Keys.SSM.CONV_KERNEL, a), p.conv_kernel)
+    plan.u32(key(Keys.SSM.STATE_SIZE, a), p.dk)
+    plan.u32(key(Keys.SSM.GROUP_COUNT, a), p.gk)
+    plan.u32(key(Keys.SSM.TIME_STEP_RANK, a), p.hv)
+    plan.u32(key(Keys.SSM.INNER_SIZE, a), p.dinner)
+    plan.arr(key(RECURRENT_LAYERS, a), list(p.recurrent))
 
     used: set[str] = set()
 
@@ -329,18 +325,19 @@ def plan_text(plan: ConversionPlan, p: TextParams, tensors: dict[str, TensorRef]
         used.add(hf)
         return ref
 
-    for gname, hf, tr, shape in GLOBAL:
-        plan.tensors.append(_planned(gname, take(prefix + hf), tr, p, shape(p)))
+    for row in GLOBAL:
+        plan.tensors.append(_transformed(row.gguf, take(prefix + row.source), row.transform, p, row.shape(p)))
     if head_name in tensors:
-        plan.tensors.append(_planned("output.weight", take(head_name), None, p, (p.vocab_size, p.hidden)))
+        plan.tensors.append(_transformed(tensor(T.OUTPUT), take(head_name), None, p, (p.vocab_size, p.hidden)))
     elif not p.tied:
         raise CheckpointError(f"tensor {head_name} is missing and the config does not tie the embeddings")
 
     for il in range(p.n_layer):
         lp = f"{prefix}layers.{il}."
         table = EVERY_LAYER + (LINEAR_ATTENTION if p.recurrent[il] else FULL_ATTENTION)
-        for gname, hf, tr, shape in table:
-            plan.tensors.append(_planned(f"blk.{il}.{gname}", take(lp + hf), tr, p, shape(p)))
+        for row in table:
+            plan.tensors.append(_transformed(f"blk.{il}.{row.gguf}", take(lp + row.source), row.transform, p,
+                                             row.shape(p)))
         for gname, per_expert, fused, part in EXPERTS:
             plan.tensors.append(_experts(gname, per_expert, fused, part, lp, tensors, p, il, used))
     if p.mtp_layers:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import TokenizerError
+from ggufbridge.ggufio.names import Keys
 
 # Pre-tokenizer regex (from tokenizer.json's Split step) → the runtime's pre-tokenizer name. The runtime only knows
 # names, so a tokenizer whose regex is not in this table cannot be converted faithfully and is refused.
@@ -178,15 +179,16 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
 
 def add_vocab(plan, v: Vocab) -> None:
     """Tokenizer keys, typed as the runtime reads them."""
-    plan.str("tokenizer.ggml.model", "gpt2")
-    plan.str("tokenizer.ggml.pre", v.pre)
-    plan.arr("tokenizer.ggml.tokens", v.tokens)
-    plan.arr("tokenizer.ggml.token_type", v.types)
-    plan.arr("tokenizer.ggml.merges", v.merges)
-    for key, val in (("bos_token_id", v.bos_id), ("eos_token_id", v.eos_id), ("padding_token_id", v.pad_id)):
+    plan.str(Keys.Tokenizer.MODEL, "gpt2")
+    plan.str(Keys.Tokenizer.PRE, v.pre)
+    plan.arr(Keys.Tokenizer.LIST, v.tokens)
+    plan.arr(Keys.Tokenizer.TOKEN_TYPE, v.types)
+    plan.arr(Keys.Tokenizer.MERGES, v.merges)
+    ids = ((Keys.Tokenizer.BOS_ID, v.bos_id), (Keys.Tokenizer.EOS_ID, v.eos_id), (Keys.Tokenizer.PAD_ID, v.pad_id))
+    for key, val in ids:
         if val is not None:
-            plan.u32(f"tokenizer.ggml.{key}", val)
-    plan.bool("tokenizer.ggml.add_bos_token", False)
-    plan.bool("tokenizer.ggml.add_eos_token", False)
+            plan.u32(key, val)
+    plan.bool(Keys.Tokenizer.ADD_BOS, False)
+    plan.bool(Keys.Tokenizer.ADD_EOS, False)
     if v.chat_template:
-        plan.str("tokenizer.chat_template", v.chat_template)
+        plan.str(Keys.Tokenizer.CHAT_TEMPLATE, v.chat_template)

@@ -1,6 +1,19 @@
 """A streaming GGUF v3 writer: header and tensor table first (all sizes are known from the plan), then each tensor
 is built, converted, written and dropped in turn. The file is hashed while it is written, so a 70 GB output is
 never read back, and it is written under a temporary name; only `commit()` gives it its final name.
+
+Why our own encoder of the header, KV and tensor-info records rather than gguf-py's `GGUFWriter` (a dependency):
+- hashing while writing: `GGUFWriter` opens its output file itself (`open_output_file(path)`), so the only ways to
+  get the sha256 the manifest records are to re-read the finished file (minutes for 70 GB) or to replace its
+  private file handle;
+- all-or-nothing output: the temporary name, the NaN/Inf check and the shape/size checks per tensor, and the
+  cleanup on any error or signal (see `write_gguf`) sit between tensors, where `GGUFWriter` gives no hook;
+- exact value types: the runtime's reads are type-strict (`u32` vs `i32`, INT32 array elements), so each KV
+  carries its kind explicitly (arch.plan.KV) instead of being inferred from the Python value.
+The format constants (magic, version, alignment), the GGML type sizes and the quantisers are gguf's; the BF16
+rounding below is gguf's `quants.BF16` formula (tests/test_ggufio.py checks them bit-equal) done in uint32, half
+the temporary memory of gguf's uint64 version on the largest expert tensors. Tensor names and metadata keys come from
+gguf's constants through ggufbridge.ggufio.names.
 """
 
 from __future__ import annotations
@@ -14,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 from gguf import quants as gguf_quants
 
 from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
@@ -22,9 +35,9 @@ from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import GGUFBridgeError, NonFiniteWeights, OutputError
 
 log = logging.getLogger(__name__)
-MAGIC = b"GGUF"
-VERSION = 3
-ALIGNMENT = 32
+MAGIC = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
+VERSION = GGUF_VERSION  # 3
+ALIGNMENT = GGUF_DEFAULT_ALIGNMENT  # 32
 
 OUTTYPES = {
     "f32": GGMLQuantizationType.F32,

@@ -1,0 +1,75 @@
+"""GGUF tensor names and metadata keys. They come from gguf-py's constants (`gguf.Keys`, `gguf.TENSOR_NAMES`,
+`gguf.MODEL_TENSORS`), so a misspelt name fails at import or in tests/test_gguf_names.py, not when llama.cpp loads
+the file. Below them, a local table of only what gguf 0.19 does not have: the `dflash` (DFlash/DSpark draft)
+architecture, the MiniCPM-V 4.6/4.7 window merger (`v.vit_merger.*`), the `clip.minicpmv.*` keys read by
+ggufbridge's patch series (patches/llama.cpp), and qwen35moe's per-layer recurrent flags.
+"""
+
+from __future__ import annotations
+
+from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys
+
+LAYER = "blk.{bid}."
+
+
+def key(template: str, arch: str) -> str:
+    """A gguf.Keys template (`{arch}.block_count`) for one architecture."""
+    return template.format(arch=arch)
+
+
+def tensor(t: MODEL_TENSOR, suffix: str | None = "weight") -> str:
+    """The GGUF name of a global tensor (`token_embd.weight`), or of a per-layer one without its `blk.N.` prefix
+    (`attn_norm.weight`: the converters' tables add the layer)."""
+    name = TENSOR_NAMES[t].removeprefix(LAYER)
+    return f"{name}.{suffix}" if suffix else name
+
+
+def known_tensor_names(arch: MODEL_ARCH, n_layer: int) -> set[str]:
+    """Every tensor name (without .weight/.bias) gguf lists for `arch`, formatted for layers 0..n_layer-1."""
+    out = set()
+    for t in MODEL_TENSORS[arch]:
+        name = TENSOR_NAMES[t]
+        out |= {name.format(bid=i) for i in range(n_layer)} if "{bid}" in name else {name}
+    return out
+
+
+def known_keys(arch: str) -> set[str]:
+    """Every metadata key gguf.Keys defines, formatted for `arch`."""
+    out: set[str] = set()
+
+    def walk(cls) -> None:
+        for k, v in vars(cls).items():
+            if k.startswith("_"):
+                continue
+            if isinstance(v, str):
+                out.add(v.replace("{arch}", arch))  # some templates hold other fields too ({dense}, {id})
+            elif isinstance(v, type):
+                walk(v)
+
+    walk(Keys)
+    return out
+
+
+# --- what gguf 0.19 lacks --------------------------------------------------------------------------------------
+
+# qwen35moe: which layers are gated delta-net (recurrent) rather than full attention (runtime-facts A)
+RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
+
+# MiniCPM-V 4.6/4.7 mmproj: the window-attention merger's tensors (runtime projector minicpmv4_6, runtime-facts C)
+VIT_MERGER_TENSORS = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ds_ln", "ds_ffn_up", "ds_ffn_down")
+VIT_MERGER = "v.vit_merger."
+# ... and the keys ggufbridge's patched libmtmd reads (a stock runtime ignores them)
+MINICPMV_PROCESSOR_SLICING = "clip.minicpmv.processor_slicing"
+MINICPMV_MAX_SLICE_NUMS = "clip.minicpmv.max_slice_nums"
+MINICPMV_CANVAS_MROPE = "clip.minicpmv.canvas_mrope"
+MINICPMV_USE_IMAGE_ID = "clip.minicpmv.use_image_id"
+MINICPMV_KEYS = (MINICPMV_PROCESSOR_SLICING, MINICPMV_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_USE_IMAGE_ID)
+
+# DFlash/DSpark draft (`dflash`, runtime-facts D): its own keys, and the tensors beside the usual blk.N.* ones
+DFLASH_ARCH = "dflash"
+DFLASH_TARGET_LAYERS = "{arch}.target_layers"
+DFLASH_BLOCK_SIZE = "{arch}.block_size"
+DFLASH_SAMPLE_FROM_ANCHOR = "{arch}.sample_from_anchor"
+DFLASH_HAS_CONFIDENCE_HEAD = "{arch}.has_confidence_head"
+DFLASH_KEYS = (DFLASH_TARGET_LAYERS, DFLASH_BLOCK_SIZE, DFLASH_SAMPLE_FROM_ANCHOR, DFLASH_HAS_CONFIDENCE_HEAD)
+DFLASH_TENSORS = ("fc", "enc.output_norm", "markov_w1", "markov_w2", "conf_proj", "d2t")
