@@ -170,13 +170,19 @@ def _per_layer(value, n: int, key: str) -> tuple[int, ...]:
     return (int(value),) * n
 
 
+def _fields_of(path: Path, arch: str):
+    """_gguf_fields of a file that must be of architecture `arch`."""
+    fields, tensors = _gguf_fields(path)
+    found = fields.get("general.architecture")
+    if found != arch:
+        raise PlanError(f"{path}: expected general.architecture {arch}, found {found!r}")
+    return fields, tensors
+
+
 def target_from_gguf(path: str | Path) -> TargetShape:
     path = Path(path)
-    fields, tensors = _gguf_fields(path)
-    arch = fields.get("general.architecture")
-    if arch != "qwen35moe":
-        raise PlanError(f"{path}: expected general.architecture qwen35moe, found {arch!r}")
-    p = f"{arch}."
+    fields, tensors = _fields_of(path, "qwen35moe")
+    p = "qwen35moe."
     n_all = int(_need(fields, p + "block_count", path))
     n = n_all - int(fields.get(p + "nextn_predict_layers", 0))
     if p + "attention.recurrent_layers" in fields:
@@ -222,10 +228,7 @@ def target_from_gguf(path: str | Path) -> TargetShape:
 
 def draft_from_gguf(path: str | Path) -> DraftShape:
     path = Path(path)
-    fields, tensors = _gguf_fields(path)
-    arch = fields.get("general.architecture")
-    if arch != "dflash":
-        raise PlanError(f"{path}: expected general.architecture dflash, found {arch!r}")
+    fields, tensors = _fields_of(path, "dflash")
     p = "dflash."
     n_head = int(_need(fields, p + "attention.head_count", path))
     n_embd = int(_need(fields, p + "embedding_length", path))
