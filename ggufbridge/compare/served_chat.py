@@ -21,9 +21,11 @@ import numpy as np
 
 from ggufbridge.compare.metrics import log_softmax
 from ggufbridge.errors import GGUFFileError, ServerError
+from ggufbridge.ggufio.names import MINICPMV_CANVAS_MROPE, MINICPMV_PROCESSOR_SLICING, MINICPMV_USE_IMAGE_ID
 
 # mmproj keys only ggufbridge's patch series reads (docs/vision.md)
-PATCH_KEYS = (b"clip.minicpmv.processor_slicing", b"clip.minicpmv.canvas_mrope", b"clip.minicpmv.use_image_id")
+# the keys that switch the patched path on (renamed by stock_layout_copy: the runtime then takes its stock path)
+PATCH_KEYS = tuple(k.encode() for k in (MINICPMV_PROCESSOR_SLICING, MINICPMV_CANVAS_MROPE, MINICPMV_USE_IMAGE_ID))
 
 
 # both sides render the chat template with these (llama-server's own default for enable_thinking differs from
