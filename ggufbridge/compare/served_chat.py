@@ -23,8 +23,8 @@ from ggufbridge.compare.metrics import log_softmax
 from ggufbridge.errors import GGUFFileError, ServerError
 from ggufbridge.ggufio.names import MINICPMV_CANVAS_MROPE, MINICPMV_PROCESSOR_SLICING, MINICPMV_USE_IMAGE_ID
 
-# mmproj keys only ggufbridge's patch series reads (docs/vision.md)
-# the keys that switch the patched path on (renamed by stock_layout_copy: the runtime then takes its stock path)
+# mmproj keys only ggufbridge's patch series reads (docs/vision.md): renamed by stock_layout_copy, the runtime takes
+# its stock path
 PATCH_KEYS = tuple(k.encode() for k in (MINICPMV_PROCESSOR_SLICING, MINICPMV_CANVAS_MROPE, MINICPMV_USE_IMAGE_ID))
 
 
