@@ -40,6 +40,8 @@ SHARED = {  # option -> the commands that take it from ggufbridge.cli._options
     "--quant": ("convert", "quantize"),
     "--mix": ("convert", "quantize"),
     "--imatrix": ("convert", "quantize"),
+    "--think": ("serve", "run"),
+    "--reasoning-budget": ("serve", "run"),
 }
 
 

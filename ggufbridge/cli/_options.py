@@ -53,7 +53,7 @@ recipe = _option("--recipe", "recipe_name", default="cpu", show_default=True, me
                  help=f"Hardware recipe: a packaged one ({_names('recipes')}) or a path to a recipe .toml "
                       "(decides -ngl, KV types, draft settings).")
 draft = _option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
-ctx = _option("--ctx", type=click.IntRange(256), default=None, help="Context size (default: the plan's).")
+ctx = _option("--ctx", type=click.IntRange(256), default=None, show_default=True, help="Context size (default: the plan's).")
 threads = _option("--threads", type=click.IntRange(1), default=None, help="CPU threads for llama-server.")
 llama_bin = _option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
                     help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")
@@ -61,6 +61,19 @@ timeout = _option("--timeout", type=click.FloatRange(1), default=900.0, show_def
                   help="Seconds to wait for llama-server's /health.")
 n_predict = _option("-n", "--n-predict", type=click.IntRange(1), default=256, show_default=True,
                     help="Tokens to generate.")
+
+
+def think(f):
+    """--think/--no-think and --reasoning-budget (serve, run); both default to the recipe's [server] think /
+    reasoning_budget."""
+    f = click.option("--reasoning-budget", type=click.IntRange(-1), default=None,
+                     help="Most tokens to think before the end of thinking is forced (-1: no limit; default: the "
+                          "recipe's server.reasoning_budget).")(f)
+    f = click.option("--think/--no-think", default=None,
+                     help="Let the model think first (thoughts come back in message.reasoning_content). Default: "
+                          "the recipe's server.think, off in the packaged recipes, as upstream's recommended "
+                          "serving; a request's chat_template_kwargs {\"enable_thinking\": ...} still decides.")(f)
+    return f
 
 
 # --- output ------------------------------------------------------------------------------------------------------------

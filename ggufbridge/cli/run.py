@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from ggufbridge.cli import _options as opt
-from ggufbridge.cli._think import think_options
 from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import patches
 from ggufbridge.runtime import server as sv
@@ -39,7 +38,7 @@ def assistant_text(transcript: str) -> str:
                    "MiniCPM-V 4.7's slicing and canvas M-RoPE, batched prefill and --draft.")
 @opt.llama_bin()
 @click.option("--show-command", is_flag=True, help="Print the llama-cli command on stderr.")
-@think_options
+@opt.think
 def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, llama_bin, show_command, think,
             reasoning_budget):
     """Answer PROMPT once with the chat template of the converted model and print the text."""

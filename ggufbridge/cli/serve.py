@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from ggufbridge.cli import _options as opt
-from ggufbridge.cli._think import think_options
 from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.runtime import lifecycle, patches
 from ggufbridge.runtime import server as sv
@@ -34,7 +33,7 @@ from ggufbridge.runtime.session import prepare
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="llama-server log file (default: OUT_DIR/llama-server.log).")
 @opt.timeout()
-@think_options
+@opt.think
 def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, media_path, dry_run,
             log_path, timeout, think, reasoning_budget):
     """Serve OUT_DIR (written by `ggufbridge convert`) with llama-server, OpenAI-compatible under /v1."""
