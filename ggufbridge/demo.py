@@ -26,12 +26,13 @@ class DemoResult:
 
 def run_demo(work_dir: Path | None = None, echo=print) -> DemoResult:
     try:
-        from ggufbridge.fixtures.checkpoint import make_minicpmv47
-        from ggufbridge.fixtures.vocab import reference_encode
+        from ggufbridge.synthetic.checkpoint import make_minicpmv47
+        from ggufbridge.synthetic.vocab import reference_encode
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise GGUFBridgeError(f"the demo needs the test extras (pip install -e '.[test]'): {e}") from None
+    from ggufbridge.compare.sources import GGUFSource, HFSource
+    from ggufbridge.compare.teacher_forced import logits, parity, router_margins
     from ggufbridge.convert import convert
-    from ggufbridge.parity import gguf_logits, gguf_model, hf_logits, hf_model, hf_router_margins, parity
 
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="ggufbridge-demo-"))
     ckpt = work / "MiniCPM-V-4_7-tiny"
@@ -42,29 +43,26 @@ def run_demo(work_dir: Path | None = None, echo=print) -> DemoResult:
     # force: the demo's own folders, rewritten on every run with the same work folder
     results = {t: convert(ckpt, work / f"gguf-{t}", outtype=t, progress=False, force=True) for t in ("f32", "q8_0")}
     echo("3/4 parity: transformers float32 vs llama.cpp, teacher-forced")
-    model = hf_model(ckpt)
-    ref = {p: hf_logits(model, reference_encode(p)) for p in PROMPTS}
-    ties = {p: hf_router_margins(model, reference_encode(p)) < 1e-4 for p in PROMPTS}
+    ids = {p: reference_encode(p) for p in PROMPTS}
+    with HFSource(ckpt) as hf:
+        ref = {p: logits(hf, ids[p]) for p in PROMPTS}
+        ties = {p: router_margins(hf.model, ids[p]) < 1e-4 for p in PROMPTS}
     rows = []
 
-    def add(label, prompt, logits):
-        par, tied = parity(ref[prompt], logits), ties[prompt]
+    def add(label, prompt, cand):
+        par, tied = parity(ref[prompt], cand), ties[prompt]
         rows.append({"type": label, "prompt": prompt, "tokens": len(tied), "kl_mean": par.kl_mean,
                      "kl_mean_untied": float(par.kl[~tied].mean()), "top1": par.top1_rate,
                      "max_abs": par.max_abs, "router_ties": int(tied.sum())})
 
     for outtype, res in results.items():
-        llm = gguf_model(res.path("target"))
-        try:
+        with GGUFSource(res.path("target"), n_ctx=512, chunk=512) as gguf:
             for prompt in PROMPTS:
-                add(f"GGUF {outtype.upper()}", prompt, gguf_logits(llm, reference_encode(prompt)))
-        finally:
-            llm.close()
+                add(f"GGUF {outtype.upper()}", prompt, logits(gguf, ids[prompt]))
     # The numerics floor: transformers itself in BF16 against its own float32.
-    bf16 = hf_model(ckpt, "bfloat16")
-    for prompt in PROMPTS:
-        add("transformers BF16 (floor)", prompt, hf_logits(bf16, reference_encode(prompt)))
-    del bf16
+    with HFSource(ckpt, "bfloat16") as bf16:
+        for prompt in PROMPTS:
+            add("transformers BF16 (floor)", prompt, logits(bf16, ids[prompt]))
     echo("4/4 generation through llama.cpp (F32 file, greedy, 16 tokens)")
     from llama_cpp import Llama
 

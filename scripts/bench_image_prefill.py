@@ -164,7 +164,6 @@ def main() -> None:
     ap.add_argument("--stock-bin", type=Path, default=None, help="stock (unpatched) runtime bin dir for the baseline")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     import numpy as np
     from PIL import Image
 

@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from ggufbridge.arch import qwen35moe as q  # noqa: E402
-from ggufbridge.fixtures.vocab import VOCAB_SIZE, write_tokenizer  # noqa: E402
+from ggufbridge.arch import qwen35moe as q
+from ggufbridge.synthetic.vocab import VOCAB_SIZE, write_tokenizer
 
 LAUNCHER = """
 import os, subprocess, sys, time

@@ -14,7 +14,7 @@ blocks is reused), which changes nothing for speed: every tensor still has its o
     python scripts/make_fullsize_gguf.py OUT_DIR --tokenizer DIR [--quant q4_k_m] [--no-draft]
 
 OUT_DIR gets target.gguf, draft.gguf and a manifest.json, so `ggufbridge bench OUT_DIR` runs on it.
-TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbridge.fixtures.vocab.write_tokenizer.
+TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbridge.synthetic.vocab.write_tokenizer.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggufbridge.arch import dspark as ds  # noqa: E402
-from ggufbridge.arch import qwen35moe as qm  # noqa: E402
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor  # noqa: E402
-from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, write_manifest  # noqa: E402
-from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab  # noqa: E402
-from ggufbridge.ggufio.writer import RAW, write_gguf  # noqa: E402
+from ggufbridge.arch import dspark as ds
+from ggufbridge.arch import qwen35moe as qm
+from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, write_manifest
+from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab
+from ggufbridge.ggufio.writer import RAW, write_gguf
 
 # Block layouts (ggml-common.h): bytes per block of 256 (K-quants) or 32 values, and where the fp16 scales sit.
 QK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32, "Q4_0": 32}

@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ggufbridge.arch import minicpmv4_7_vision as V  # noqa: E402
-from ggufbridge.checkpoint.model_dir import ModelDir  # noqa: E402
-from ggufbridge.ggufio.manifest import ManifestEntry, read_manifest, write_manifest  # noqa: E402
-from ggufbridge.ggufio.writer import write_gguf  # noqa: E402
+from ggufbridge.arch import minicpmv4_7_vision as V
+from ggufbridge.checkpoint.model_dir import ModelDir
+from ggufbridge.ggufio.manifest import ManifestEntry, read_manifest, write_manifest
+from ggufbridge.ggufio.writer import write_gguf
 
 VISION = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
           "patch_size": 14, "image_size": 980, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"}

@@ -21,9 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 CASES = {"unsliced 112×112": ([(112, 112)], "16x"), "1×2 250×130": ([(250, 130)], "16x"),
          "2×1 130×250": ([(130, 250)], "16x"), "2×2 4x 230×170": ([(230, 170)], "4x"),
@@ -43,10 +40,10 @@ def serve(out_dir: Path, log: Path):
 
 
 def main() -> None:
-    from _vision_helpers import SPEC_THW, hf_processor, random_image
+    from ggufbridge.synthetic.vision import SPEC_THW, hf_processor, random_image
     from ggufbridge.compare import served_chat as sc
     from ggufbridge.convert import convert
-    from ggufbridge.fixtures.checkpoint import load_reference, make_minicpmv47
+    from ggufbridge.synthetic.checkpoint import load_reference, make_minicpmv47
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=None)

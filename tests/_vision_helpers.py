@@ -2,44 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
-from ggufbridge.fixtures.checkpoint import TinySpec
-
-# A spec whose M-RoPE rotates all three axes (t, h, w): the "tiny" spec's sections [1, 1, 0] never use w.
-SPEC_THW = TinySpec(head_dim=24, mrope_section=(1, 1, 1))
-
-
-def random_image(w: int, h: int, seed: int = 0):
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-
-
-def hf_processor(ckpt: Path, downsample: str | None = None):
-    """transformers' MiniCPM-V 4.7 processor with the PIL image processor (torchvision is not installed, and
-    the video processor it would also load needs it)."""
-    from transformers import AutoTokenizer
-    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
-    from transformers.models.minicpmv4_7.processing_minicpmv4_7 import MiniCPMV4_7Processor
-
-    cfg = json.loads((Path(ckpt) / "preprocessor_config.json").read_text())
-    cfg = {k: v for k, v in cfg.items() if k not in ("image_processor_type", "processor_class")}
-    if downsample:
-        cfg["downsample_mode"] = downsample
-    ip = MiniCPMV4_6ImageProcessorPil(**cfg)
-
-    class Processor(MiniCPMV4_7Processor):
-        def check_argument_for_proper_class(self, name, arg):  # the PIL stand-in for the video processor
-            return arg
-
-    proc = Processor(image_processor=ip, video_processor=ip, tokenizer=AutoTokenizer.from_pretrained(str(ckpt)))
-    proc.video_token, proc.video_token_id = "<no-video>", -1  # the fixture tokenizer names <unk> for both
-    return proc
+from ggufbridge.synthetic.vision import SPEC_THW, hf_processor, random_image  # noqa: F401  (the tests' names)
 
 
 def hf_crop_features(ref, pixel_values, target_sizes, downsample: str | None = None) -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 """Shared pytest fixtures: synthetic MiniCPM-V 4.7 checkpoints, built once per session under tmp_path.
 
 Nothing here writes outside pytest's temporary directories except the tokenizer cache of
-`ggufbridge.fixtures.vocab` (under ${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/fixtures/, built once per machine).
+`ggufbridge.synthetic.vocab` (under ${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/fixtures/, built once per machine).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def make_ckpt(tmp_path_factory):
     """
     import inspect
 
-    from ggufbridge.fixtures.checkpoint import make_minicpmv47
+    from ggufbridge.synthetic.checkpoint import make_minicpmv47
 
     signature = inspect.signature(make_minicpmv47)
     cache = {}
@@ -49,7 +49,7 @@ def tiny_ckpt_bf16(make_ckpt):
 
 @pytest.fixture(scope="session")
 def confident_ckpt(tiny_ckpt, tmp_path_factory):
-    """tiny_ckpt with its head refitted to continue ggufbridge.fixtures.confident.TEXT decisively."""
-    from ggufbridge.fixtures.confident import make_confident
+    """tiny_ckpt with its head refitted to continue _synthetic.confident.TEXT decisively."""
+    from _synthetic.confident import make_confident
 
     return make_confident(tiny_ckpt, tmp_path_factory.mktemp("confident"))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,8 +11,7 @@ from ggufbridge.cli import cli
 from ggufbridge.errors import GGUFBridgeError
 from ggufbridge.runtime.bench import parse_lengths
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _runtime_models import converted  # noqa: E402
+from _runtime_models import converted
 
 
 @pytest.mark.parametrize("text, expected", [("1k,2k,8k", [1024, 2048, 8192]), ("64, 16", [16, 64]),

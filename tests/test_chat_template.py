@@ -15,17 +15,14 @@ so the template's image branch is never used by the server. The comparison puts 
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-from ggufbridge.fixtures.vocab import CHAT_TEMPLATE, IMAGE_TOKEN
+from ggufbridge.synthetic.vocab import CHAT_TEMPLATE, IMAGE_TOKEN
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.session import prepare
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _templates import QWEN35_TEMPLATE, converted_with_template  # noqa: E402
+from _templates import QWEN35_TEMPLATE, converted_with_template
 
 pytestmark = pytest.mark.slow
 

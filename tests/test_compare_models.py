@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,7 @@ from click.testing import CliRunner
 
 from ggufbridge.cli import cli
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _compare_ref import figures, per_position  # noqa: E402
+from _compare_ref import figures, per_position
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +93,7 @@ def _near_ties(ckpt, eval_path, gap):
     """Per row: positions whose reference top-2 logits differ by less than `gap` (transformers' full forward)."""
     import torch
 
-    from ggufbridge.fixtures.checkpoint import load_reference
+    from ggufbridge.synthetic.checkpoint import load_reference
 
     model = load_reference(ckpt)
     out = []
@@ -143,7 +141,7 @@ def test_q8_0_figures_equal_independent_numpy(q8_json, ggufs, small_ckpt, eval_f
     import llama_cpp
     import torch
 
-    from ggufbridge.fixtures.checkpoint import load_reference
+    from ggufbridge.synthetic.checkpoint import load_reference
 
     rows = _rows(small_ckpt, eval_file)
     model = load_reference(small_ckpt)

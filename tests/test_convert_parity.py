@@ -1,7 +1,9 @@
 """Issue 2 acceptance: the converted text tower computes what transformers computes.
 
 Reference: transformers' own MiniCPMV4_7ForConditionalGeneration (float32) on a synthetic checkpoint with the real
-Qwen3.5 vocabulary. Under test: llama.cpp (pinned runtime, through llama-cpp-python) on our GGUF.
+Qwen3.5 vocabulary. Under test: llama.cpp (pinned runtime, through llama-cpp-python) on our GGUF. Logits and KL come
+from compare's stack (HFSource, GGUFSource, metrics), as `ggufbridge demo` and `compare` compute them; greedy
+decoding, which compare does not do, from each library's own generate() (tests/_reference.py).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import pytest
 
 from ggufbridge.arch import qwen35moe
 from ggufbridge.convert import convert
-from ggufbridge.fixtures.confident import TEXT
-from ggufbridge.fixtures.vocab import reference_encode
-from ggufbridge.parity import (gguf_greedy, gguf_logits, gguf_model, hf_greedy, hf_logits, hf_model,
-                               hf_router_margins, parity)
+from _reference import gguf_greedy, gguf_model, hf_greedy, hf_model
+from _synthetic.confident import TEXT
+from ggufbridge.compare.sources import GGUFSource, HFSource
+from ggufbridge.compare.teacher_forced import logits, parity, router_margins
+from ggufbridge.synthetic.vocab import reference_encode
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +34,14 @@ TIE = 1e-4
 
 @pytest.fixture(scope="module")
 def ref(tiny_ckpt):
-    model = hf_model(tiny_ckpt)
-    return {p: hf_logits(model, reference_encode(p)) for p in PROMPTS}, model
+    hf = HFSource(tiny_ckpt)
+    return {p: logits(hf, reference_encode(p)) for p in PROMPTS}, hf.model
 
 
 @pytest.fixture(scope="module")
 def ties(tiny_ckpt, ref):
     _, model = ref
-    return {p: hf_router_margins(model, reference_encode(p)) < TIE for p in PROMPTS}
+    return {p: router_margins(model, reference_encode(p)) < TIE for p in PROMPTS}
 
 
 def _convert(ckpt, tmp_path, outtype):
@@ -46,11 +49,8 @@ def _convert(ckpt, tmp_path, outtype):
 
 
 def _parities(path, ref_logits):
-    llm = gguf_model(path)
-    try:
-        return {p: parity(ref_logits[p], gguf_logits(llm, reference_encode(p))) for p in PROMPTS}
-    finally:
-        llm.close()
+    with GGUFSource(path, n_ctx=512, chunk=512) as gguf:
+        return {p: parity(ref_logits[p], logits(gguf, reference_encode(p))) for p in PROMPTS}
 
 
 def test_f32_logits_match_transformers(tiny_ckpt, ref, ties, tmp_path):
@@ -72,7 +72,7 @@ def test_f32_logits_match_transformers(tiny_ckpt, ref, ties, tmp_path):
 def test_q8_0_greedy_matches_transformers(confident_ckpt, tmp_path):
     """Q8_0 continues like the float32 reference for 16 tokens. On a random head that would be luck (flat
     distributions: transformers' own BF16 already changes ~16% of the argmaxes), so the reference here is the tiny
-    model with a head that knows TEXT (see fixtures/confident.py); the layers are the same random ones."""
+    model with a head that knows TEXT (see tests/_synthetic/confident.py); the layers are the same random ones."""
     model = hf_model(confident_ckpt)
     text_ids = reference_encode(TEXT)
     llm = gguf_model(_convert(confident_ckpt, tmp_path, "q8_0"))

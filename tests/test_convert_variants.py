@@ -13,7 +13,8 @@ from gguf import GGUFReader
 from safetensors import safe_open
 
 from ggufbridge.convert import convert
-from ggufbridge.parity import gguf_logits, gguf_model, hf_logits, hf_model, hf_router_margins, parity
+from ggufbridge.compare.sources import GGUFSource, HFSource
+from ggufbridge.compare.teacher_forced import logits, parity, router_margins
 
 IDS = [505, 100, 101, 102, 200, 33, 44, 55, 66, 77, 88, 99, 7, 300, 301, 17, 42, 5, 250, 499]
 
@@ -23,14 +24,12 @@ IDS = [505, 100, 101, 102, 200, 33, 44, 55, 66, 77, 88, 99, 7, 300, 301, 17, 42,
 def test_shape_variants_match_transformers(spec, make_ckpt, tmp_path):
     """Several V heads per K head (3, 4, and none), an uneven layer pattern, other expert counts."""
     ckpt = make_ckpt(spec, vocab="small")
-    model = hf_model(ckpt)
-    ref = hf_logits(model, IDS)
-    tied = hf_router_margins(model, IDS) < 1e-4
-    llm = gguf_model(convert(ckpt, tmp_path, outtype="f32", progress=False, mmproj=False).path("target"))
-    try:
-        par = parity(ref, gguf_logits(llm, IDS))
-    finally:
-        llm.close()
+    hf = HFSource(ckpt)
+    ref = logits(hf, IDS)
+    tied = router_margins(hf.model, IDS) < 1e-4
+    with GGUFSource(convert(ckpt, tmp_path, outtype="f32", progress=False, mmproj=False).path("target"),
+                    n_ctx=512, chunk=512) as gguf:
+        par = parity(ref, logits(gguf, IDS))
     assert tied.sum() <= 2
     assert par.kl[~tied].mean() < 1e-5 and par.top1[~tied].all(), (par.kl, tied)
 

@@ -19,10 +19,11 @@ import torch
 from click.testing import CliRunner
 
 from ggufbridge.errors import ConfigError, TokenizerError
-from ggufbridge.fixtures import checkpoint as ckpt_mod
-from ggufbridge.fixtures import vocab as vocab_mod
-from ggufbridge.fixtures.checkpoint import SPECS, TinySpec, build_model, load_reference
-from ggufbridge.fixtures.vocab import MARKERS, PROBE_TEXTS, VOCAB_SIZE
+from ggufbridge.synthetic import checkpoint as ckpt_mod
+from ggufbridge.synthetic import vocab as vocab_mod
+from ggufbridge.synthetic.checkpoint import SPECS, TinySpec, build_model, load_reference
+from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
+from ggufbridge.synthetic.vocab import MARKERS, VOCAB_SIZE
 
 PROMPT_IDS = [100, 101, 102, 200, 33, 44, 55, 66, 77, 88, 99, 198]
 
@@ -120,7 +121,7 @@ def test_every_token_text_encodes_like_tiktoken_except_unreachable():
     got = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
     want = enc.encode_ordinary_batch(texts)
     differing = {t.encode() for t, a, b in zip(texts, got, want) if a != b}
-    unreachable = set(vocab_mod.unreachable_tokens())
+    unreachable = set(unreachable_tokens())
     assert differing <= unreachable
     decodable_unreachable = {t for t in unreachable if t.decode("utf-8", "ignore").encode() == t}
     assert differing == {t for t in decodable_unreachable if unicodedata.is_normalized("NFC", t.decode())}
@@ -159,7 +160,7 @@ def test_special_and_marker_ids():
     assert ids["image_token_id"] == tok.token_to_id("<unk>")
     assert [ids["newline_id"]] == vocab_mod.reference_encode("\n")
     assert tok.get_vocab_size(with_added_tokens=True) == last + 1 + len(MARKERS) <= VOCAB_SIZE == 248_144
-    assert len(data["model"]["merges"]) == len(data["model"]["vocab"]) - 256 - len(vocab_mod.unreachable_tokens())
+    assert len(data["model"]["merges"]) == len(data["model"]["vocab"]) - 256 - len(unreachable_tokens())
 
 
 def test_unknown_vocab_is_rejected():
@@ -422,7 +423,7 @@ def test_make_fixtures_cli(tmp_path):
 
 def test_unknown_spec_names_are_refused_with_the_known_ones():
     from ggufbridge.errors import ConfigError
-    from ggufbridge.fixtures import checkpoint, dspark
+    from ggufbridge.synthetic import checkpoint, dspark
 
     for module, known in ((checkpoint, "tiny"), (dspark, "tiny")):
         assert module.get_spec(known) is module.SPECS[known]

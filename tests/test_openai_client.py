@@ -9,15 +9,13 @@ comparable.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import openai
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _runtime_models import serve_process  # noqa: E402
-from _templates import converted_with_template  # noqa: E402
+from _runtime_models import serve_process
+from _templates import converted_with_template
 
 pytestmark = pytest.mark.slow
 

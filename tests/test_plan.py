@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,8 +12,7 @@ from ggufbridge.errors import PlanError, RecipeError
 from ggufbridge.runtime import plan as pl
 from ggufbridge.runtime.recipes import load_recipe, packaged_names
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _shape_gguf import write_qwen35moe  # noqa: E402
+from _shape_gguf import write_qwen35moe
 
 # MiniCPM-V 4.7 35B-A3B text tower as published (issue 2): 40 layers, every 4th full attention (30 gated
 # delta-net + 10), head_dim 256 with 2 KV heads, 16 key / 32 value linear heads of dim 128, conv kernel 4.

@@ -8,8 +8,6 @@ and full-attention shapes (2 KV heads of 256) on a tiny hidden size, so the runt
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +16,7 @@ from ggufbridge.runtime import plan as pl
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _shape_gguf import write_dspark, write_qwen35moe  # noqa: E402
+from _shape_gguf import write_dspark, write_qwen35moe
 
 MIB = 1024**2
 SIZE_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")

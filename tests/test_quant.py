@@ -49,7 +49,7 @@ def recipe_toml(name: str) -> dict:
 
 def generates(path: Path, n: int = 4) -> list[int]:
     """llama.cpp loads the file, its logits are finite, and greedy decoding yields n tokens."""
-    from ggufbridge.parity import gguf_greedy, gguf_logits, gguf_model
+    from _reference import gguf_greedy, gguf_logits, gguf_model
 
     llm = gguf_model(path, n_ctx=64)
     try:

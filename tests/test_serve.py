@@ -20,9 +20,8 @@ from ggufbridge.cli import cli
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import server as sv
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _runtime_models import converted  # noqa: E402
-from test_runtime_locate import fake_bin  # noqa: E402
+from _runtime_models import converted
+from test_runtime_locate import fake_bin
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

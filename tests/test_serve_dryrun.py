@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from ggufbridge.cli import cli
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime.recipes import load_recipe, packaged_names
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _runtime_models import converted  # noqa: E402
+from _runtime_models import converted
 
 pytestmark = pytest.mark.slow  # converts a tiny checkpoint once (a few seconds)
 
@@ -128,6 +126,6 @@ def test_dry_run_warns_on_a_wildcard_address(model_dir, host):
                                        ("127.0.0.1", False), ("::1", False), ("localhost", False),
                                        ("192.168.1.5", False)])
 def test_wildcard_addresses(host, wild):
-    from ggufbridge.cli.serve import _wildcard
+    from ggufbridge.runtime.lifecycle import wildcard
 
-    assert _wildcard(host) is wild
+    assert wildcard(host) is wild

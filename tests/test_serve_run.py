@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,8 +12,7 @@ from ggufbridge.errors import ServerError
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import server as sv
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _runtime_models import converted  # noqa: E402
+from _runtime_models import converted
 
 
 def test_assistant_text_parsing():

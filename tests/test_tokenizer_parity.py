@@ -16,7 +16,8 @@ import pytest
 from gguf import GGUFReader
 
 from ggufbridge.convert import convert
-from ggufbridge.fixtures.vocab import PROBE_TEXTS, VOCAB_SIZE, marker_ids, reference_encode, reference_encoding, unreachable_tokens
+from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
+from ggufbridge.synthetic.vocab import VOCAB_SIZE, marker_ids, reference_encode, reference_encoding
 from ggufbridge.ggufio.tokenizer import CONTROL, UNUSED
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,9 @@
 """The `ggufbridge` command: a click group whose subcommands live one per module in this package.
 
 Subcommands are imported only when invoked, so `ggufbridge --help` stays fast and a missing optional
-dependency of one command cannot break the others.
+dependency of one command cannot break the others. The group is where errors become exit codes: an error the user
+can act on is one line and exit 2 (`_common.user_errors`), a click usage error is click's message and exit 2, and
+anything else is a bug: its traceback, an "internal error" line and exit 1 (`main`).
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import traceback
 
 import click
 
 from ggufbridge import __version__
+from ggufbridge.cli._common import INTERNAL_ERROR, user_errors
 
 # command name -> module in ggufbridge.cli exporting `command` (a click.Command)
 COMMANDS = {
@@ -31,6 +35,23 @@ COMMANDS = {
     "verify": "verify",
 }
 
+# -v / -vv: the level of ggufbridge's own loggers and of everything else (libraries: huggingface_hub, urllib3...).
+# Without -v ggufbridge says at INFO what it decided on the user's behalf (a layout it recognised, a file it removed
+# or replaced, a download's path); -v adds its DEBUG lines, -vv the libraries' too.
+LOG_LEVELS = {0: (logging.INFO, logging.WARNING), 1: (logging.DEBUG, logging.WARNING), 2: (logging.DEBUG, logging.DEBUG)}
+
+
+def configure_logging(verbose: int) -> None:
+    """Messages on stderr, without decoration; levels by LOG_LEVELS[min(verbose, 2)]."""
+    ours, others = LOG_LEVELS[min(verbose, 2)]
+    root = logging.getLogger()
+    if not root.handlers:  # an embedding program (or pytest) that configured logging keeps its handlers
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(others)
+    logging.getLogger("ggufbridge").setLevel(ours)
+
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
@@ -40,18 +61,26 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(name)
         if module is None:
             return None
-        return importlib.import_module(f"ggufbridge.cli.{module}").command
+        cmd = importlib.import_module(f"ggufbridge.cli.{module}").command
+        if not getattr(cmd, "_ggufbridge_errors", False):  # wrap once per process, however often it is looked up
+            cmd.callback = user_errors(cmd.callback)
+            cmd._ggufbridge_errors = True
+        return cmd
 
 
 @click.group(cls=LazyGroup)
 @click.version_option(__version__, prog_name="ggufbridge")
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("-v", "--verbose", count=True, help="More log output: -v ggufbridge's debug lines, -vv libraries' too.")
 def cli(verbose: int) -> None:
     """Convert MiniCPM-V 4.7 35B-A3B and its DSpark draft to GGUF, serve them with llama.cpp,
     and measure how close the result is to the original model."""
-    level = logging.WARNING - 10 * verbose if verbose else logging.INFO
-    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    configure_logging(verbose)
 
 
 def main() -> None:
-    cli(prog_name="ggufbridge")
+    try:
+        cli(prog_name="ggufbridge")
+    except Exception as e:  # click has already handled usage and user errors: what is left is a bug
+        traceback.print_exc()
+        print(INTERNAL_ERROR.format(f"{type(e).__name__}: {e}"), file=sys.stderr)
+        sys.exit(1)

@@ -1,14 +1,20 @@
-"""Shared pieces of the CLI: turning library errors into one-line messages with exit code 2, and termination
-signals into the clean-up path of Ctrl-C for commands that write files."""
+"""Shared pieces of the CLI: which exceptions are the user's to act on (one line, exit 2) and which are bugs
+(traceback, exit 1), and termination signals as the clean-up path of Ctrl-C for commands that write files."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import signal
 
 import click
 
 from ggufbridge.errors import GGUFBridgeError
+
+# OSErrors about the machine rather than about our code, even when they name no file: the user can act on them.
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+INTERNAL_ERROR = ("ggufbridge: internal error (a bug in ggufbridge, not a problem with your input): {}\n"
+                  "Please report it with the traceback above.")
 
 
 class UserError(click.ClickException):
@@ -22,17 +28,33 @@ class SignalExit(click.ClickException):
         self.exit_code = 128 + signum  # the shell's convention for "killed by signal N"
 
 
+def user_message(e: BaseException) -> str | None:
+    """The one-line message of an error the user can act on: the project's own exceptions (ggufbridge.errors), and
+    an OSError naming a file (missing, unreadable, a directory) or about the machine (disk full, permissions).
+    None for anything else: that is a bug, and it shows as one (traceback, exit 1)."""
+    if isinstance(e, GGUFBridgeError):
+        return str(e)
+    if isinstance(e, OSError):
+        if e.filename:
+            return f"{e.strerror or e}: {e.filename}"
+        if e.errno in ENVIRONMENT_ERRNOS:
+            return str(e)
+    return None
+
+
 def user_errors(fn):
-    """Run a command body; a GGUFBridgeError (or OSError) becomes `Error: <one line>` and exit 2."""
+    """Run a command body; an error the user can act on (see `user_message`) becomes `Error: <one line>` and
+    exit 2. The `ggufbridge` group applies this to every command; scripts with their own click command use it."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except GGUFBridgeError as e:
-            raise UserError(str(e)) from None
-        except OSError as e:
-            raise UserError(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None
+        except (GGUFBridgeError, OSError) as e:
+            msg = user_message(e)
+            if msg is None:
+                raise
+            raise UserError(msg) from None
 
     return wrapper
 

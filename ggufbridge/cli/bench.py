@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli import _options as opt
 from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.runtime import bench as bn
 from ggufbridge.runtime import server as sv
@@ -17,20 +17,15 @@ from ggufbridge.runtime.session import prepare
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--prompt-lengths", default="1k,2k,4k,8k", show_default=True,
               help="Comma-separated prompt lengths in tokens (k = 1024).")
-@click.option("--draft", is_flag=True, help="Also run with the DSpark draft and compare.")
-@click.option("--recipe", "recipe_name", default="cpu", show_default=True,
-              help="Packaged recipe or a path to a recipe .toml.")
-@click.option("-n", "--n-predict", type=click.IntRange(1), default=128, show_default=True,
-              help="Tokens generated per request (EOS ignored).")
+@opt.draft("Also run with the DSpark draft and compare.")
+@opt.recipe()
+@opt.n_predict(default=128, help="Tokens generated per request (EOS ignored).")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
-@click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for llama-server.")
+@opt.threads()
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default=None,
               help="Where to write bench.json / bench.md / bench.png (default: OUT_DIR/bench).")
-@click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
-              help="A llama.cpp build/bin directory to use instead of the cached build.")
-@click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True,
-              help="Seconds to wait for each server's /health.")
-@user_errors
+@opt.llama_bin()
+@opt.timeout("Seconds to wait for each server's /health.")
 def command(out_dir, prompt_lengths, draft, recipe_name, n_predict, repeats, threads, out, llama_bin, timeout):
     """Measure prefill and decode tokens/s, time to first token, draft acceptance and whether greedy outputs
     match, for each prompt length; write JSON, a Markdown table and a PNG plot."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._common import user_errors
 
 EVAL_HELP = ('JSONL eval rows: {"ids": [...]} or {"text": "..."} (tokenised without BOS), optional "kind".')
 
@@ -47,7 +46,6 @@ def check_eval_choice(eval_path, text_path):
 @click.option("--merge", "merge_paths", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="Add the results of an earlier --json run (same eval set and reference), e.g. EXL3 packs "
                    "measured on a GPU machine.")
-@user_errors
 def command(ggufs, reference, eval_path, text_path, ctx, chunk, hf_dtype, floor, progress, json_path, md_path,
             plot_path, merge_paths):
     """Compare GGUF files' next-token distributions with a reference: KL both ways, top-1/top-5, perplexity
@@ -55,20 +53,13 @@ def command(ggufs, reference, eval_path, text_path, ctx, chunk, hf_dtype, floor,
 
     GGUFS are .gguf paths; exl3:DIR (EXL3 packs, CUDA only) and hf:DIR may be listed too, for like-for-like tables."""
     from ggufbridge.compare import report
-    import json
-
-    from ggufbridge.compare.run import compare, merge
-    from ggufbridge.errors import GGUFBridgeError
+    from ggufbridge.compare.run import compare, merge_file
 
     check_eval_choice(eval_path, text_path)
     cmp = compare(reference, list(ggufs), eval_path=eval_path, text_path=text_path, ctx=ctx, chunk=chunk, floor=floor,
                   hf_dtype=hf_dtype, progress=progress)
     for path in merge_paths:
-        try:
-            other = json.loads(open(path, encoding="utf-8").read())
-        except json.JSONDecodeError as e:
-            raise GGUFBridgeError(f"{path}: not a compare --json file ({e.msg})") from None
-        merge(cmp, other, path)
+        merge_file(cmp, path)
     click.echo(report.to_markdown(cmp), nl=False)
     if json_path:
         report.write_json(cmp, json_path)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._common import user_errors, writes_files
+from ggufbridge.cli import _options as opt
+from ggufbridge.cli._common import writes_files
 from ggufbridge.ggufio.writer import OUTTYPES
 
 TYPES = click.Choice(sorted(OUTTYPES))
@@ -26,18 +27,16 @@ TYPES = click.Choice(sorted(OUTTYPES))
               help="Visual token compression of the mmproj (default: the checkpoint's).")
 @click.option("--name", "basename", default=None, help="Base name of the output files (default: MiniCPM-V-4_7).")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar (bytes).")
-@click.option("--quant", default=None, metavar="TYPE", help="Quantise the target with llama-quantize (Q4_K_M, ...), "
-              "starting from --outtype (bf16/f16/f32).")
-@click.option("--recipe", default=None, metavar="NAME|FILE.toml", help="Quantise the target with a recipe (hq4, hq3).")
-@click.option("--imatrix", default=None, type=click.Path(dir_okay=False), help="Importance matrix for --quant/--recipe.")
+@opt.quant_type("Quantise the target with llama-quantize (Q4_K_M, ...), starting from --outtype (bf16/f16/f32).")
+@opt.mix()
+@opt.imatrix("Importance matrix for --quant/--mix.")
 @click.option("--force", is_flag=True, help="OUT_DIR may hold a conversion already: replace it as a whole once "
               "the new one is complete (its files that the new manifest does not list are deleted).")
 @click.option("--allow-nonfinite", is_flag=True, help="Write weights holding NaN/Inf as they are (with a warning) "
               "instead of refusing them.")
-@user_errors
 @writes_files
 def command(model_dir, out_dir, outtype, revision, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename,
-            progress, quant, recipe, imatrix, force, allow_nonfinite):
+            progress, quant, mix, imatrix, force, allow_nonfinite):
     """Convert an upstream MiniCPM-V 4.7 checkpoint to GGUF files + manifest.json.
 
     MODEL_DIR is a folder; hf://ORG/NAME[@REV] (Hugging Face) or ms://ORG/NAME[@REV] (ModelScope), downloaded
@@ -51,7 +50,7 @@ def command(model_dir, out_dir, outtype, revision, draft, draft_outtype, mmproj,
 
     res = convert(model_dir, out_dir, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                   mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress,
-                  quant=quant, recipe=recipe, imatrix=imatrix, revision=revision, force=force,
+                  quant=quant, recipe=mix, imatrix=imatrix, revision=revision, force=force,
                   allow_nonfinite=allow_nonfinite)
     for f in res.files:
         click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._common import user_errors
 
 
 @click.command("demo")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Where to put the synthetic checkpoint and GGUFs (default: a new temporary folder).")
-@user_errors
 def command(work_dir):
     """Synthetic MiniCPM-V 4.7 → GGUF → llama.cpp generation, with KL / top-1 against transformers."""
     from ggufbridge.demo import run_demo

@@ -6,17 +6,15 @@ import sys
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli import _options as opt
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import patches
 
 
 @click.command()
-@click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
-              help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")
+@opt.llama_bin()
 @click.option("--python", "python", default=None, metavar="PY",
               help="Interpreter whose llama_cpp bindings to inspect (default: this one).")
-@user_errors
 def command(llama_bin: str | None, python: str | None) -> None:
     """Show the runtime (path, commit, backends), check its capabilities, and say how to fix what is missing.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._common import user_errors
 from ggufbridge.cli.compare import check_eval_choice, eval_options
 
 
@@ -20,7 +19,6 @@ from ggufbridge.cli.compare import check_eval_choice, eval_options
               help="Tokens drawn per position from the rest of the distribution (0: top-K only, KL a lower bound).")
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
               help="Also write the eval rows as token ids (JSONL), for --eval on another machine.")
-@user_errors
 def command(model, eval_path, text_path, ctx, chunk, hf_dtype, floor, progress, out, top_k, samples, rows_out):
     """Store a model's top-K log-probabilities on an eval set, for `compare --reference logits:FILE` elsewhere."""
     from ggufbridge.compare.run import dump_logits

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._common import user_errors, writes_files
+from ggufbridge.cli import _options as opt
+from ggufbridge.cli._common import writes_files
 
 
 @click.command("imatrix")
@@ -15,8 +16,7 @@ from ggufbridge.cli._common import user_errors, writes_files
               help="Where to write the matrix [OUT_DIR/imatrix.gguf].")
 @click.option("--ctx", type=int, default=512, show_default=True, help="Tokens per chunk.")
 @click.option("--chunks", type=int, default=None, help="At most this many chunks of the text.")
-@click.option("--threads", type=int, default=None, help="CPU threads (default: up to 8).")
-@user_errors
+@opt.quant_threads()
 @writes_files
 def command(out_dir, text, out, ctx, chunks, threads):
     """Compute an importance matrix for OUT_DIR's target GGUF (a `ggufbridge convert` folder, or a .gguf) over a

@@ -6,13 +6,12 @@ import json
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli import _options as opt
 
 
 @click.command("inspect")
 @click.argument("gguf_file", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@user_errors
+@opt.as_json("Print the report as JSON.")
 def command(gguf_file: str, as_json: bool) -> None:
     """Describe a GGUF file written for llama.cpp: a target, an mmproj or a DSpark/DFlash draft.
 

@@ -6,18 +6,16 @@ import json
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli import _options as opt
 from ggufbridge.runtime.session import prepare
 
 
 @click.command()
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--recipe", "recipe_name", default="cpu", show_default=True,
-              help="Packaged recipe (cpu, rtx4090, spark, spark-x2) or a path to a recipe .toml.")
-@click.option("--draft", is_flag=True, help="Include the DSpark draft (weights, KV, recurrent snapshots).")
-@click.option("--ctx", type=click.IntRange(256), default=None, help="Fixed context size instead of searching.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@user_errors
+@opt.recipe()
+@opt.draft("Include the DSpark draft (weights, KV, recurrent snapshots).")
+@opt.ctx(help="Fixed context size instead of searching.")
+@opt.as_json("Print the plan as JSON.")
 def command(out_dir, recipe_name, draft, ctx, as_json):
     """Weights per device, KV cache, gated-delta-net state, draft, mmproj and compute margin; the chosen
     -c / -ngl / --n-cpu-moe. Exit 2 with an explanation when nothing fits."""

@@ -1,83 +1,50 @@
-"""`ggufbridge quantize IN.gguf -o OUT.gguf --quant TYPE | --recipe NAME | --fit-bytes N | --fit HARDWARE`."""
+"""`ggufbridge quantize IN.gguf -o OUT.gguf --quant TYPE | --mix NAME | --fit-bytes N | --fit HARDWARE`."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
 
 import click
 
-from ggufbridge.cli._common import user_errors, writes_files
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*$", re.I)
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
-          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
-
-
-class ByteSize(click.ParamType):
-    name = "BYTES"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        m = _SIZE.match(str(value))
-        if not m:
-            self.fail(f"expected a byte count such as 20000000000, 20GB or 18.5GiB, found {value!r}", param, ctx)
-        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+from ggufbridge.cli import _options as opt
+from ggufbridge.cli._common import writes_files
 
 
 @click.command("quantize")
 @click.argument("src", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "dst", required=True, type=click.Path(dir_okay=False), help="Output GGUF file.")
-@click.option("--quant", default=None, metavar="TYPE",
-              help="A llama-quantize type (Q8_0, Q6_K, Q5_K_M, Q4_K_M, IQ4_XS, Q3_K_M, ...): llama.cpp's own mix.")
-@click.option("--recipe", default=None, metavar="NAME|FILE.toml",
-              help="A per-tensor-class recipe: hq4, hq3, or a TOML file (see docs/quant.md).")
-@click.option("--fit-bytes", type=ByteSize(), default=None,
-              help="Pick the best type/recipe whose weights + KV cache for --ctx + state fit this many bytes.")
+@opt.quant_type()
+@opt.mix()
+@opt.fit_bytes()
 @click.option("--fit", "fit_hw", default=None, metavar="HARDWARE",
-              help="Pick the best type/recipe that fits a hardware recipe (e.g. rtx4090) fully on its GPU at --ctx.")
+              help="Pick the best type/mix that fits a hardware recipe (e.g. rtx4090) fully on its GPU at --ctx.")
 @click.option("--ctx", type=int, default=None, help="Context to leave room for with --fit/--fit-bytes [8192].")
-@click.option("--imatrix", type=click.Path(dir_okay=False), default=None,
-              help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
-@click.option("--threads", type=int, default=None, help="Quantiser threads (default: up to 8).")
+@opt.imatrix()
+@opt.quant_threads("Quantiser threads (default: up to 8).")
 @click.option("--allow-requantize", is_flag=True, help="Allow a source that is already quantised (loses quality).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@user_errors
+@opt.as_json()
 @writes_files
-def command(src, dst, quant, recipe, fit_bytes, fit_hw, ctx, imatrix, threads, allow_requantize, as_json):
+def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, imatrix, threads, allow_requantize, as_json):
     """Quantise a GGUF written by `ggufbridge convert` (BF16/F16/F32) with the runtime's llama-quantize, and show
     what is quantised and what is not."""
     from ggufbridge.errors import QuantError
-    from ggufbridge.ggufio.writer import remove_stale_parts, tmp_name
-    from ggufbridge.quant import format_quant_report, quantize_file
-    from ggufbridge.quant.fit import _is_recipe, choose
+    from ggufbridge.quant import format_quant_report, quantize_to
+    from ggufbridge.quant.fit import as_request, choose
 
-    given = [n for n, v in (("--quant", quant), ("--recipe", recipe), ("--fit-bytes", fit_bytes),
+    given = [n for n, v in (("--quant", quant), ("--mix", mix), ("--fit-bytes", fit_bytes),
                             ("--fit", fit_hw)) if v is not None]
     if len(given) != 1:
-        raise QuantError(f"give exactly one of --quant, --recipe, --fit-bytes, --fit; "
+        raise QuantError(f"give exactly one of --quant, --mix, --fit-bytes, --fit; "
                          f"found {', '.join(given) or 'none'}")
     if ctx is not None and fit_bytes is None and fit_hw is None:
         raise QuantError("--ctx only applies with --fit or --fit-bytes")
     chosen_note = None
     if fit_bytes is not None or fit_hw is not None:
         entry, tried = choose(src, fit_bytes=fit_bytes, hardware=fit_hw, ctx=ctx)
-        recipe, quant = (entry, None) if _is_recipe(entry) else (None, entry)
+        mix, quant = as_request(entry)
         chosen_note = [f"{c.name}: {'fits' if c.fits else 'too big'} ({c.detail})" for c in tried]
-    from pathlib import Path
-
-    final = Path(dst)
-    remove_stale_parts(final.parent)
-    tmp = tmp_name(final)
-    try:
-        res = quantize_file(src, tmp, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads,
-                            allow_requantize=allow_requantize)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    res.report.path = str(final)
+    res = quantize_to(src, dst, quant=quant, recipe=mix, imatrix=imatrix, threads=threads,
+                      allow_requantize=allow_requantize)
     if as_json:
         d = res.report.to_dict()
         d["chosen"] = chosen_note
@@ -85,6 +52,6 @@ def command(src, dst, quant, recipe, fit_bytes, fit_hw, ctx, imatrix, threads, a
         return
     for line in chosen_note or []:
         click.echo(f"fit: {line}")
-    click.echo(f"wrote {final}  {res.report.file_bytes / 2**20:.2f} MiB  "
+    click.echo(f"wrote {res.path}  {res.report.file_bytes / 2**20:.2f} MiB  "
                f"({'recipe ' + res.recipe if res.recipe else res.file_type})")
     click.echo(format_quant_report(res.report))

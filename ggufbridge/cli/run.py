@@ -8,8 +8,7 @@ from pathlib import Path
 
 import click
 
-from ggufbridge.cli._common import user_errors
-from ggufbridge.cli._think import think_options
+from ggufbridge.cli import _options as opt
 from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import patches
 from ggufbridge.runtime import server as sv
@@ -28,21 +27,18 @@ def assistant_text(transcript: str) -> str:
 @click.command()
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("-p", "--prompt", required=True, help="The user message.")
-@click.option("--recipe", "recipe_name", default="cpu", show_default=True,
-              help="Packaged recipe or a path to a recipe .toml (decides -ngl, KV types, draft settings).")
-@click.option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
-@click.option("-n", "--n-predict", type=click.IntRange(1), default=256, show_default=True)
+@opt.recipe()
+@opt.draft()
+@opt.n_predict()
 @click.option("--temp", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--ctx", type=click.IntRange(256), default=4096, show_default=True)
+@opt.ctx(default=4096, help="Context size.")
 @click.option("--image", "images", type=click.Path(dir_okay=False), multiple=True,
               help="Ask about this image (repeatable): the chat goes through the patched llama-server, with "
                    "MiniCPM-V 4.7's slicing and canvas M-RoPE, batched prefill and --draft.")
-@click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
-              help="A llama.cpp build/bin directory to use instead of the cached build.")
+@opt.llama_bin()
 @click.option("--show-command", is_flag=True, help="Print the llama-cli command on stderr.")
-@think_options
-@user_errors
+@opt.think
 def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, llama_bin, show_command, think,
             reasoning_budget):
     """Answer PROMPT once with the chat template of the converted model and print the text."""

@@ -6,15 +6,14 @@ import json
 
 import click
 
-from ggufbridge.cli._common import user_errors
+from ggufbridge.cli import _options as opt
 
 
 @click.command("verify")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--source", default=None, help="The checkpoint OUT_DIR was converted from: compare tensors with it.")
 @click.option("--draft-source", "draft", default=None, help="The DSpark draft checkpoint, to compare the draft too.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@user_errors
+@opt.as_json()
 @click.pass_context
 def command(ctx, out_dir, source, draft, as_json):
     """Check every file of OUT_DIR against manifest.json (size, sha256) and, with --source, every tensor stored

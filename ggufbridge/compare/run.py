@@ -232,6 +232,17 @@ def merge(cmp: Comparison, other: dict, source: str) -> None:
     cmp.notes.append(f"merged {len(other.get('results', []))} result(s) from {source}")
 
 
+def merge_file(cmp: Comparison, path) -> None:
+    """`merge` the results stored in a `compare --json` file."""
+    import json
+
+    try:
+        other = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for a binary file
+        raise GGUFBridgeError(f"{path}: not a compare --json file ({getattr(e, 'msg', None) or e})") from None
+    merge(cmp, other, str(path))
+
+
 def _hf_float32(path):
     """The float32 side of the floor when the main hf source runs in another dtype."""
     from ggufbridge.compare.sources import HFSource

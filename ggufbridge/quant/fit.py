@@ -43,6 +43,11 @@ def _is_recipe(entry: str) -> bool:
     return entry.startswith(RECIPE_PREFIX)
 
 
+def as_request(entry: str) -> tuple[str | None, str | None]:
+    """(mix, quant) for `quantize_file(recipe=..., quant=...)` from a ladder entry `choose` picked."""
+    return (entry, None) if _is_recipe(entry) else (None, entry)
+
+
 def predict_recipe(header: GGUFHeader, recipe: str) -> dict[str, int]:
     rec = load_quant_recipe(recipe)
     shapes = {t.name: t.shape for t in header.tensors}

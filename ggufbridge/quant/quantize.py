@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
+from ggufbridge.ggufio.writer import remove_stale_parts, tmp_name
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.recipes import QuantRecipe, load_quant_recipe
@@ -104,7 +105,7 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
     QuantRecipe). `imatrix`: an importance matrix from `compute_imatrix` (required by the very-low-bit types).
     """
     if (quant is None) == (recipe is None):
-        raise QuantError("give exactly one of a quantisation type (--quant) or a recipe (--recipe)")
+        raise QuantError("give exactly one of a quantisation type (--quant) or a mix (--mix)")
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise QuantError(f"input and output are the same file: {src}")
@@ -176,6 +177,23 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
     if rec is None and fallbacks:
         report.fallbacks = fallbacks
     return QuantResult(dst, src, ftype, rec.name if rec else None, imatrix, fallbacks, report, choices)
+
+
+def quantize_to(src, dst, **kwargs) -> QuantResult:
+    """`quantize_file` into `dst`, all or nothing: written under a temporary name beside `dst` (first removing what
+    a killed run left there), renamed once complete. On an error or an interrupt nothing is left under either name.
+    """
+    final = Path(dst)
+    remove_stale_parts(final.parent)
+    tmp = tmp_name(final)
+    try:
+        res = quantize_file(src, tmp, **kwargs)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    res.path = final
+    res.report.path = str(final)
+    return res
 
 
 def _short_fallbacks(choices: list[TensorChoice]) -> str:

@@ -8,12 +8,12 @@ set -euo pipefail
 D=${1:-gpu_exl3}; P=.venv/bin/python; G=.venv/bin/ggufbridge
 mkdir -p "$D"
 # every matrix row a multiple of 256 (EXL3 tiles and K-quants), small vocabulary, bf16 (29 MB)
-[ -d "$D/ckpt" ] || $P -c "from ggufbridge.fixtures.checkpoint import make_minicpmv47 as m; m('$D/ckpt', 'ksafe', vocab='small', dtype='bfloat16')"
+[ -d "$D/ckpt" ] || $P -c "from ggufbridge.synthetic.checkpoint import make_minicpmv47 as m; m('$D/ckpt', 'ksafe', vocab='small', dtype='bfloat16')"
 $G convert "$D/ckpt" -o "$D/f16" --outtype f16 --no-mmproj --no-progress
 $G convert "$D/ckpt" -o "$D/q8" --outtype q8_0 --no-mmproj --no-progress
 cp "$D"/q8/*.gguf "$D/ksafe-Q8_0.gguf"
 for t in Q3_K_M Q4_K_M Q5_K_M Q6_K; do $G quantize "$D"/f16/*-F16.gguf -o "$D/ksafe-$t.gguf" --quant $t > /dev/null; done
-for r in hq3 hq4; do $G quantize "$D"/f16/*-F16.gguf -o "$D/ksafe-$r.gguf" --recipe $r > /dev/null; done
+for r in hq3 hq4; do $G quantize "$D"/f16/*-F16.gguf -o "$D/ksafe-$r.gguf" --mix $r > /dev/null; done
 # the published run's 48 rows of 256 token ids (small vocabulary): 24 of ggufbridge/compare/*.py (kind "code"),
 # 24 of docs/compare.md, quant.md, vision.md and README.md (kind "prose") as they were on 2026-11-29, frozen as ids
 ROWS=${ROWS:-docs/compare-exl3-vs-gguf.rows.jsonl}

