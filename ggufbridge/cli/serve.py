@@ -50,8 +50,13 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     else:
         endpoints = sv.parse_rpc(rpc, workers)
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
+    extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
+    if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
+        from ggufbridge.vision import ffshim
+
+        extra += ffshim.server_args()
     opts = sv.ServeOptions(host=host, port=port, api_key=api_key, draft=draft, rpc=endpoints, threads=threads,
-                           extra=["--media-path", str(Path(media_path).resolve())] if media_path else [],
+                           extra=extra,
                            think=think, reasoning_budget=reasoning_budget)
     server_bin = s.rt.bin_dir / "llama-server" if s.rt else Path("llama-server")
     argv = sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts)
