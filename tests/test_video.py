@@ -161,11 +161,18 @@ def model(tmp_path_factory):
     from ggufbridge.convert import convert
     from ggufbridge.fixtures.checkpoint import load_reference, make_minicpmv47
 
+    from ggufbridge.fixtures.dspark import make_dspark
+
     spec = dataclasses.replace(SPEC_THW, linear_k_dim=16, linear_v_dim=16)
     ck = make_minicpmv47(tmp_path_factory.mktemp("vid-ck"), spec, vocab="small")
+    draft = make_dspark(tmp_path_factory.mktemp("vid-dspark") / "dspark", ck, "tiny")
     outs = {d: convert(ck, tmp_path_factory.mktemp(f"vid-out-{d}"), outtype="f32", mmproj_outtype="f32",
-                       downsample=d, progress=False) for d in ("16x", "4x")}
-    return ck, outs, load_reference(ck)
+                       downsample=d, draft=draft if d == "16x" else None, progress=False) for d in ("16x", "4x")}
+    ref = load_reference(ck)
+    # the fixture's tokenizer names <unk> for pictures and clips; its config leaves video_token_id unset, and
+    # transformers then never scatters the video features in
+    ref.config.video_token_id = ref.model.config.video_token_id = ref.config.image_token_id
+    return ck, outs, ref
 
 
 def _chat(placeholder: str, question: str = QUESTION) -> str:
@@ -285,3 +292,120 @@ def test_frame_embeddings_and_logits_match_transformers(model, tmp_path):
     assert cosines(rows, hf_rows).min() > 0.9999
     k = kl_rows(hf_logits, ev.logits)
     assert k.mean() < 1e-3, k.mean()
+
+
+# --- `ggufbridge serve` (OpenAI API, video_url) and `ggufbridge run --video`, end to end (slow) ----------------------
+
+VOCAB = 512  # the small vocabulary: top_logprobs = the whole distribution, an exact KL
+
+
+def _video_turn(clip: Path, question: str = QUESTION) -> dict:
+    url = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    return {"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                        {"type": "text", "text": question}]}
+
+
+def _hf_scores(ref, want, continuation: list[int]) -> np.ndarray:
+    """transformers' log-probabilities for each continuation token, teacher-forced after the video prompt."""
+    import torch
+
+    from ggufbridge.compare.metrics import log_softmax
+
+    ids = want["input_ids"][0].tolist()
+    full = torch.tensor([ids + continuation[:-1]])
+    tt = torch.cat([want["mm_token_type_ids"], torch.zeros(1, len(continuation) - 1, dtype=torch.long)], 1)
+    with torch.no_grad():
+        logits = ref(input_ids=full, mm_token_type_ids=tt, pixel_values_videos=want["pixel_values_videos"],
+                     target_sizes_videos=want["target_sizes_videos"]).logits[0, len(ids) - 1:].double().numpy()
+    return log_softmax(logits)
+
+
+@pytest.fixture(scope="module")
+def served_video(model, tmp_path_factory):
+    """`ggufbridge serve OUT` and `ggufbridge serve OUT --draft` (the user's commands) on the 16x folder."""
+    from _runtime_models import serve_process
+
+    _, outs, _ = model
+    logs = tmp_path_factory.mktemp("vid-logs")
+    srvs = {flag: serve_process(outs["16x"].out_dir, logs / f"console{len(flag)}", "--ctx", "4096", "--log",
+                                str(logs / f"server{len(flag)}.log"), *flag) for flag in ((), ("--draft",))}
+    yield srvs
+    for s in srvs.values():
+        s.stop(60)
+
+
+@pytest.fixture(scope="module")
+def ban(model):
+    from ggufbridge.compare import served_chat as sc
+
+    return {str(i): False for i in sc.partial_utf8_ids(hf_processor_with_video(model[0]).tokenizer)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", [False, True], ids=["plain", "draft"])
+def test_served_video_matches_transformers(model, served_video, ban, tmp_path, draft):
+    """A clip sent as an OpenAI `video_url` part to `ggufbridge serve` (with and without --draft): the same prompt
+    length as transformers' processor, and teacher-forced KL < 1e-3 on the generated tokens."""
+    from ggufbridge.compare import served_chat as sc
+
+    ck, _, ref = model
+    clip = make_clip(tmp_path / "c.mp4", 32, Fraction(30000, 1001), w=250, h=130, codec="libx264", seed=7)
+    srv = served_video[("--draft",) if draft else ()]
+    turn = sc.chat(srv.url, [_video_turn(clip)], max_tokens=8, top_logprobs=VOCAB, logit_bias=ban)
+    want, _, _ = _hf(ck, ref, clip, logits=False)
+    assert turn.usage["prompt_tokens"] == want["input_ids"].shape[1]
+    assert len(turn.top[0]) == VOCAB
+    kl = sc.kl_to_served(_hf_scores(ref, want, turn.ids), turn.top)
+    assert kl.mean() < 1e-3, kl
+    if draft:
+        assert turn.timings.get("draft_n", 0) > 0, turn.timings  # the draft ran on the video turn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content, match", [(b"", "empty|base64|load"), (b"\x00junk" * 64, "load")])
+def test_served_bad_video_is_a_400(served_video, content, match):
+    from ggufbridge.runtime import server as sv
+
+    url = "data:video/mp4;base64," + base64.b64encode(content).decode()
+    status, body = sv.http_json(served_video[()].url + "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]}], "max_tokens": 2})
+    assert status == 400, (status, body)
+    import re
+
+    assert re.search(match, json.dumps(body), re.I), body
+
+
+@pytest.mark.slow
+def test_run_video_answers_as_the_server_does(model, served_video, tmp_path):
+    """`ggufbridge run OUT --video clip -p …` (a private llama-server) prints the answer the served chat gives."""
+    from ggufbridge.cli import cli as main
+    from ggufbridge.runtime import server as sv
+
+    _, outs, _ = model
+    clip = make_clip(tmp_path / "c.mp4", 20, 10, w=112, h=112, seed=9)
+    r = CliRunner().invoke(main, ["run", str(outs["16x"].out_dir), "--video", str(clip), "-p", QUESTION, "-n", "6",
+                                  "--no-think"])
+    assert r.exit_code == 0, r.output
+    status, body = sv.http_json(served_video[()].url + "/v1/chat/completions", {
+        "messages": [_video_turn(clip)], "max_tokens": 6, "temperature": 0, "seed": 0,
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == 200
+    assert r.output.rstrip("\n") == body["choices"][0]["message"]["content"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, match", [("missing", "no such video file"), ("empty", "empty"),
+                                         ("garbage", "not a video")])
+def test_run_bad_video_exits_2(model, tmp_path, case, match):
+    from ggufbridge.cli import cli as main
+
+    _, outs, _ = model
+    p = tmp_path / "v.mp4"
+    if case == "empty":
+        p.write_bytes(b"")
+    elif case == "garbage":
+        p.write_bytes(b"\x00junk" * 64)
+    r = CliRunner().invoke(main, ["run", str(outs["16x"].out_dir), "--video", str(p), "-p", "?"])
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert __import__("re").search(match, r.output), r.output
