@@ -32,7 +32,8 @@ from ggufbridge.runtime.session import prepare
 @click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
               help="A llama.cpp build/bin directory to use instead of the cached build.")
 @click.option("--media-path", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Folder whose images clients may name as file://RELATIVE/PATH in image_url (off by default).")
+              help="Folder whose images and videos clients may name as file://RELATIVE/PATH in image_url / video_url "
+                   "(off by default).")
 @click.option("--dry-run", is_flag=True, help="Print the command and the memory plan; start nothing.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="llama-server log file (default: OUT_DIR/llama-server.log).")
