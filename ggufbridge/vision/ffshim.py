@@ -33,7 +33,9 @@ sys.exit(main({name!r}, sys.argv[1:]))
 def decoder_dir(cache: Path | None = None) -> Path:
     """A folder holding the `ffprobe` and `ffmpeg` programs for `--video-ffmpeg-dir`, bound to this Python (its
     interpreter and ggufbridge); written once per interpreter, atomically."""
-    base = cache or Path(os.environ.get("GGUFBRIDGE_CACHE", Path.home() / ".cache" / "ggufbridge"))
+    from ggufbridge.runtime.locate import cache_dir
+
+    base = cache or cache_dir()
     key = hashlib.sha256((sys.executable + "\n" + SCRIPT).encode()).hexdigest()[:12]
     d = base / f"video-reader-{key}"
     for name in ("ffprobe", "ffmpeg"):
