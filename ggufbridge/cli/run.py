@@ -36,24 +36,29 @@ def assistant_text(transcript: str) -> str:
 @click.option("--image", "images", type=click.Path(dir_okay=False), multiple=True,
               help="Ask about this image (repeatable): the chat goes through the patched llama-server, with "
                    "MiniCPM-V 4.7's slicing and canvas M-RoPE, batched prefill and --draft.")
+@click.option("--video", "videos", type=click.Path(dir_okay=False), multiple=True,
+              help="Ask about this video (repeatable): frames sampled as MiniCPM-V 4.7's video processor does "
+                   "(PyAV), laid out on the patched llama-server like --image.")
 @opt.llama_bin()
 @click.option("--show-command", is_flag=True, help="Print the llama-cli command on stderr.")
 @opt.think
-def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, llama_bin, show_command, think,
-            reasoning_budget):
+def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, videos, llama_bin, show_command,
+            think, reasoning_budget):
     """Answer PROMPT once with the chat template of the converted model and print the text."""
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
-    if images:
+    if images or videos:
         from ggufbridge.runtime.oneshot import ask_with_images
 
         if s.art.mmproj is None:
-            raise ServerError(f"--image: {out_dir}/manifest.json lists no mmproj; convert with the vision tower")
+            flag = "--image" if images else "--video"
+            raise ServerError(f"{flag}: {out_dir}/manifest.json lists no mmproj; convert with the vision tower")
         if not s.rt.canvas_mrope:
             click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
         click.echo(ask_with_images(s, prompt, list(images), draft=draft, n_predict=n_predict, temp=temp, seed=seed,
-                                   show_command=show_command, think=think, reasoning_budget=reasoning_budget))
+                                   show_command=show_command, think=think, reasoning_budget=reasoning_budget,
+                                   videos=list(videos)))
         return
     opts = sv.ServeOptions(draft=draft, think=think, reasoning_budget=reasoning_budget)
     with tempfile.TemporaryDirectory(prefix="ggufbridge-run-") as tmp:

@@ -28,7 +28,8 @@ from ggufbridge.runtime.session import prepare
 @opt.threads()
 @opt.llama_bin()
 @click.option("--media-path", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Folder whose images clients may name as file://RELATIVE/PATH in image_url (off by default).")
+              help="Folder whose images and videos clients may name as file://RELATIVE/PATH in image_url / video_url "
+                   "(off by default).")
 @click.option("--dry-run", is_flag=True, help="Print the command and the memory plan; start nothing.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="llama-server log file (default: OUT_DIR/llama-server.log).")
@@ -44,8 +45,13 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     else:
         endpoints = sv.parse_rpc(rpc, workers)
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
+    extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
+    if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
+        from ggufbridge.vision import ffshim
+
+        extra += ffshim.server_args()
     opts = sv.ServeOptions(host=host, port=port, api_key=api_key, draft=draft, rpc=endpoints, threads=threads,
-                           extra=["--media-path", str(Path(media_path).resolve())] if media_path else [],
+                           extra=extra,
                            think=think, reasoning_budget=reasoning_budget)
     server_bin = s.rt.bin_dir / "llama-server" if s.rt else Path("llama-server")
     argv = sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts)

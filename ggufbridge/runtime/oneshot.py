@@ -1,4 +1,5 @@
-"""One chat turn with images through a private llama-server: the path `ggufbridge run --image` takes.
+"""One chat turn with images or a video through a private llama-server: the path `ggufbridge run --image/--video`
+takes.
 
 The server is the same binary and command line as `ggufbridge serve` (so the patched runtime's slicing, canvas
 M-RoPE, batched image prefill and the DSpark draft all apply), bound to 127.0.0.1 on a free port, and stopped
@@ -30,14 +31,27 @@ def image_part(path: str) -> dict:
     return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
 
 
+def video_part(path: str) -> dict:
+    """An OpenAI-compatible `video_url` part (vLLM's convention; llama-server reads it as `input_video`): the file,
+    checked and decoded once by our reader first (clear errors before any server starts), as a data URL."""
+    from ggufbridge.vision.video import load_video
+
+    load_video(path)
+    raw = Path(path).read_bytes()
+    return {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(raw).decode()}}
+
+
 def ask_with_images(s: Session, prompt: str, images: list[str], *, draft: bool, n_predict: int, temp: float,
                     seed: int, show_command: bool = False, timeout: float = 900.0, think: bool | None = None,
-                    reasoning_budget: int | None = None) -> str:
-    parts = [image_part(p) for p in images] + [{"type": "text", "text": prompt}]
+                    reasoning_budget: int | None = None, videos: list[str] = ()) -> str:
+    from ggufbridge.vision import ffshim
+
+    parts = ([image_part(p) for p in images] + [video_part(p) for p in videos]
+             + [{"type": "text", "text": prompt}])
     host, port = "127.0.0.1", sv.free_port()
     argv = sv.server_argv(s.rt.bin_dir / "llama-server", s.recipe, s.plan, s.art,
                           sv.ServeOptions(host=host, port=port, draft=draft, metrics=False, think=think,
-                                          reasoning_budget=reasoning_budget))
+                                          reasoning_budget=reasoning_budget, extra=ffshim.server_args()))
     if show_command:
         click.echo(f"command: {sv.printable(argv)}", err=True)
     with tempfile.TemporaryDirectory(prefix="ggufbridge-run-") as tmp:

@@ -157,15 +157,19 @@ class VisionSession:
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def chunks(self, text: str, images: list, n_past: int = 0, encode: bool = True) -> list[Chunk]:
-        """libmtmd's layout of `text`, where each `self.marker` stands for the next image (PIL RGB), with the
-        image chunks placed from position `n_past` and (with `encode`) their embeddings computed."""
+    def chunks(self, text: str, images: list, n_past: int = 0, encode: bool = True, frames: bool = False) -> list[Chunk]:
+        """libmtmd's layout of `text`, where each `self.marker` stands for the next image (PIL RGB or an H×W×3
+        uint8 array), with the image chunks placed from position `n_past` and (with `encode`) their embeddings
+        computed. `frames`: the images are the frames of one clip, marked as mtmd-helper's video reader marks them."""
         mt = self._mt
         if text.count(self.marker) != len(images):
             raise VisionModelError(f"{len(images)} image(s) for {text.count(self.marker)} marker(s) in the prompt")
-        arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB")), dtype=np.uint8) for im in images]
+        arrays = [np.ascontiguousarray(im if isinstance(im, np.ndarray) else np.asarray(im.convert("RGB")),
+                                       dtype=np.uint8) for im in images]
         bitmaps = [mt.mtmd_bitmap_init(a.shape[1], a.shape[0], a.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
                    for a in arrays]
+        for bm in bitmaps if frames else []:
+            mt.mtmd_bitmap_set_mergeable(bm, True)
         raw = mt.mtmd_input_chunks_init()
         try:
             b = text.encode("utf-8")

@@ -1,0 +1,98 @@
+"""The video reader llama-server runs for MiniCPM-V 4.7: `ffprobe` and `ffmpeg` programs that speak the subset of
+their command lines libmtmd's video helper uses (`--video-ffmpeg-dir`), backed by PyAV and ggufbridge's sampling.
+
+llama-server accepts `video_url` / `input_video` content parts and hands the bytes to mtmd-helper, which asks
+`ffprobe` for the frame size and rate, then reads raw RGB frames from `ffmpeg` one at a time (the model-agnostic
+upstream design: frames at a fixed rate). Pointing `--video-ffmpeg-dir` at the two programs written here keeps
+that server path -- OpenAI API, prompt cache, batched prefill, the draft -- and makes the frames the ones
+transformers' MiniCPM-V video processor samples (`video.sample_indices`); patch 0005 lays them out as the
+processor does. The `-vf fps=...` filter the helper asks for is ignored: the sampling is the model's.
+
+Protocol (what mtmd-helper.cpp sends): `ffprobe ... -show_entries stream=width,height,r_frame_rate,nb_frames,
+duration ... INPUT` prints `key=value` lines; `ffmpeg ... -i INPUT ... -f rawvideo -pix_fmt rgb24 pipe:1` writes
+width*height*3 bytes per frame. INPUT is `pipe:0` / `cache:pipe:0` (the request's bytes on stdin) or a path.
+A refused video prints one line on stderr and exits 1; the helper then fails the request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sys
+from pathlib import Path
+
+SCRIPT = """#!{python}
+# written by ggufbridge (vision/ffshim.py): llama-server's video reader for MiniCPM-V 4.7, not FFmpeg's {name}
+import sys
+from ggufbridge.vision.ffshim import main
+sys.exit(main({name!r}, sys.argv[1:]))
+"""
+
+
+def decoder_dir(cache: Path | None = None) -> Path:
+    """A folder holding the `ffprobe` and `ffmpeg` programs for `--video-ffmpeg-dir`, bound to this Python (its
+    interpreter and ggufbridge); written once per interpreter, atomically."""
+    from ggufbridge.runtime.locate import cache_dir
+
+    base = cache or cache_dir()
+    key = hashlib.sha256((sys.executable + "\n" + SCRIPT).encode()).hexdigest()[:12]
+    d = base / f"video-reader-{key}"
+    for name in ("ffprobe", "ffmpeg"):
+        f = d / name
+        if f.is_file():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(SCRIPT.format(python=sys.executable, name=name))
+        tmp.chmod(0o755)
+        os.replace(tmp, f)
+    return d
+
+
+def server_args() -> list[str]:
+    """llama-server options that make `video_url` parts go through this reader."""
+    return ["--video-ffmpeg-dir", str(decoder_dir())]
+
+
+def _input(args: list[str]) -> str:
+    if "-i" in args:
+        return args[args.index("-i") + 1]
+    return args[-1]
+
+
+def _source(inp: str):
+    if inp in ("pipe:0", "pipe:", "-", "cache:pipe:0"):
+        return io.BytesIO(sys.stdin.buffer.read()), "video"
+    return inp, inp
+
+
+def main(name: str, args: list[str]) -> int:
+    from ggufbridge.errors import VisionInputError
+    from ggufbridge.vision import video
+
+    try:
+        src, label = _source(_input(args))
+        if isinstance(src, io.BytesIO) and src.getbuffer().nbytes == 0:
+            raise VisionInputError("the video is empty (0 bytes)")
+        with video._open(src, label) as c:
+            info = video._info(c, label)
+        if name == "ffprobe":
+            sys.stdout.write(f"width={info.width}\nheight={info.height}\nr_frame_rate={info.fps!r}\n"
+                             f"nb_frames={info.total_frames}\nduration={info.duration!r}\n")
+            return 0
+        if isinstance(src, io.BytesIO):
+            src.seek(0)
+        out = sys.stdout.buffer
+        for frame in video.iter_frames(src, video.sample_indices(info), label):
+            if frame.shape != (info.height, info.width, 3):
+                raise VisionInputError(f"{label}: a frame of {frame.shape[1]}×{frame.shape[0]} in a stream of "
+                                       f"{info.width}×{info.height} (size changes are not supported)")
+            out.write(frame.tobytes())
+        out.flush()
+        return 0
+    except VisionInputError as e:
+        sys.stderr.write(f"ggufbridge video reader: {e}\n")
+        return 1
+    except BrokenPipeError:  # the helper stopped reading: nothing to report
+        return 0
