@@ -12,6 +12,7 @@ from ggufbridge.cli._common import user_errors
 from ggufbridge.cli._think import think_options
 from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import patches
+from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import prepare
@@ -27,7 +28,9 @@ from ggufbridge.runtime.session import prepare
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--ctx", type=click.IntRange(256), default=None, help="Context size (default: the plan's).")
 @click.option("--api-key", default=None, envvar="GGUFBRIDGE_API_KEY", help="Require this bearer key.")
-@click.option("--rpc", default=None, metavar="HOST:PORT[,...]", help="RPC worker endpoints (spark-x2).")
+@click.option("--rpc", default=None, metavar="HOST:PORT[,...]|local",
+              help="RPC worker endpoints (spark-x2), or `local`: start the recipe's workers on this machine on "
+                   "127.0.0.1 (one per GPU with CUDA) and stop them with this command.")
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for llama-server.")
 @click.option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
               help="A llama.cpp build/bin directory to use instead of the cached build.")
@@ -45,7 +48,12 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     """Serve OUT_DIR (written by `ggufbridge convert`) with llama-server, OpenAI-compatible under /v1."""
     recipe = load_recipe(recipe_name)
     workers = recipe.rpc["workers"]
-    if dry_run and workers and not rpc:
+    local = rpc is not None and rpc.strip().lower() == "local"
+    if local and not workers:
+        raise ServerError(f"--rpc local: recipe {recipe.name} has no RPC workers ([rpc] workers = 0)")
+    if local:  # the real ports are picked when the workers start
+        endpoints = [f"{rpcw.LOOPBACK}:PORT{i}" for i in range(workers)]
+    elif dry_run and workers and not rpc:
         endpoints = [f"WORKER{i}:{recipe.rpc['default_port']}" for i in range(workers)]
     else:
         endpoints = sv.parse_rpc(rpc, workers)
@@ -59,7 +67,7 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         if _wildcard(host) and not api_key:
             click.echo(f"warning: listening on {host} without --api-key: anyone on the network can use it", err=True)
         click.echo(f"recipe: {s.recipe.name} - {s.recipe.description}")
-        for i, ep in enumerate(endpoints):
+        for i, ep in enumerate([] if local else endpoints):
             click.echo(f"on RPC worker {i} (never bind 0.0.0.0): ggml-rpc-server --host {ep.rsplit(':', 1)[0]} "
                        f"--port {ep.rsplit(':', 1)[1]}")
         click.echo(f"command: {sv.printable(argv)}")
@@ -73,24 +81,36 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
     if _wildcard(host) and not api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone on the network can use it", err=True)
-    for ep in endpoints:
+    for ep in [] if local else endpoints:
         h, p = ep.rsplit(":", 1)
         if not _reachable(h.strip("[]"), int(p)):
             raise ServerError(f"RPC worker {ep} is not reachable; on that host run "
                               f"`ggml-rpc-server --host {h} --port {p}`")
     log = Path(log_path) if log_path else _default_log(Path(out_dir))
-    click.echo(f"command: {sv.printable(argv)}")
-    click.echo(s.plan.format())
     srv = sv.Server(argv, host, port, log, env=s.rt.env())
     stopping = {"sig": None}
+    pool: list[rpcw.Worker] = []
 
     def forward(signum, _frame):
         stopping["sig"] = signum
         if srv.proc is not None:
             sv.signal_group(srv.proc, signal.SIGTERM)
+        elif local:  # still starting the workers: leave through the finally below, which stops them
+            raise KeyboardInterrupt
 
     old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if local:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            pool += rpcw.start_workers(s.rt.tool("ggml-rpc-server"), workers, log.parent, backend=s.recipe.backend,
+                                       env=s.rt.env(), threads=threads)
+            opts.rpc = [w.endpoint for w in pool]
+            for i, w in enumerate(pool):
+                click.echo(f"RPC worker {i}: {w.endpoint} (log {w.log})")
+            srv.argv = argv = sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts)
+        click.echo(f"command: {sv.printable(argv)}")
+        click.echo(s.plan.format())
+        sys.stdout.flush()
         srv.start()
         if stopping["sig"] is not None:  # a signal that arrived while the process was being created
             sv.signal_group(srv.proc, signal.SIGTERM)
@@ -110,8 +130,12 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
                               f"{sv.log_tail(log)}")
         click.echo(f"stopped (signal {stopping['sig']}), llama-server exit code {code}", err=True)
         sys.exit(0)
+    except KeyboardInterrupt:
+        click.echo(f"stopped (signal {stopping['sig']}) while starting the RPC workers", err=True)
+        sys.exit(128 + (stopping["sig"] or signal.SIGINT))
     finally:
         srv.stop()
+        rpcw.stop_workers(pool)
         for sig, h in old.items():
             signal.signal(sig, h)
 
