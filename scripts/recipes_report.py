@@ -100,7 +100,7 @@ def planned_now(rec: dict) -> float:
     from ggufbridge.runtime import plan as pl
     from ggufbridge.runtime.recipes import load_recipe
 
-    quant = QUANT_OF[rec["tag"].split("-", 1)[1].removesuffix("-long")]
+    quant = QUANT_OF[rec["tag"].split("-")[1]]
     target, recipe = fullshape_target(quant), load_recipe(rec["recipe"])
     plan = pl.evaluate(target, recipe, ctx=rec["ctx"], ngl=rec["plan"]["n_gpu_layers"],
                        n_cpu_moe=rec["plan"]["n_cpu_moe"])
@@ -130,7 +130,7 @@ def recipes_table(recs: list[dict]) -> str:
         peak = r["gpu_peak_mib"] - r["gpu_baseline_mib"][0]
         brk = r["log"]["breakdown_mib"].get("CUDA0", {})
         own = brk.get("self", 0) + brk.get("unaccounted", 0)
-        recipe, quant = tag.split("-", 1)
+        recipe, quant = tag.split("-")[:2]
         ncm = r["plan"]["n_cpu_moe"]
         label = f"`{recipe}`" + (f" (--n-cpu-moe {ncm})" if ncm else "")
         now = planned_now(r)

@@ -7,6 +7,7 @@
 #   compute start-up compute buffers per -ub / -c / KV type (4-layer full-width proxy; buffers do not depend on depth)
 #   r4090a/b rtx4090 recipe: the hq3m file (<= 18.0 GB) at 262,144 tokens, and Q4_K_M (+ --n-cpu-moe from the plan)
 #   draft   drafting economics on the full-shape oracle pair (acceptance as a knob), n_max 2..15
+#   verify  the current planner's own choices for rtx4090, measured: Q4_K_M (--n-cpu-moe as planned) and hq4 whole
 #   spark   decode speed of the Spark candidates (spark recipe): hq4, Q6_K, Q8_0, BF16
 #   scripts/gpu/recipes_h200.sh STEP...
 set -uo pipefail
@@ -26,12 +27,13 @@ gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
 t() { echo "== $(date +%T) $*"; df -h / $S | tail -2 | awk '{print "   " $6, $3 "/" $2}'; }
 for step in "$@"; do t "$step"; case $step in
-build)
+build|build-only)
   mkdir -p "$C/src"
   [ -f "$C/src/llama_cpp_python-0.3.36/.extracted" ] || { tar -xzf .dev/gpu/llama-src.tgz -C "$C/src" && touch "$C/src/llama_cpp_python-0.3.36/.extracted"; }
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   T0=$(date +%s)
   ( bash scripts/build_runtime.sh --cuda --cuda-arch 90 > $L/build.log 2>&1; echo "build rc $? $(( $(date +%s) - T0 )) s" ) &
+  [ $step = build-only ] && { wait; continue; }
   gen $M/hq3m --quant hq3m --no-draft &
   gen $M/q4km --no-draft &
   gen $M/proxy4 --layers 4 --no-draft &
@@ -46,6 +48,10 @@ r4090b)
   $RB measure $M/q4km --recipe rtx4090 --tag rtx4090-q4km --ctx 262144 --lengths 1k,32k --json $J --logdir $L ;;
 draft)
   $RB draft $S/oracle --recipe h200 --n-max 2,3,4,6,8,11,15 --json $O/draft-h200.json --logdir $L -n 160 ;;
+verify)
+  gen $M/q4km --no-draft & gen $M/hq4 --quant hq4 --no-draft & wait
+  $RB measure $M/q4km --recipe rtx4090 --tag rtx4090-q4km-replan --ctx 262144 --lengths 1k,32k --json $J --logdir $L
+  $RB measure $M/hq4 --recipe rtx4090 --tag rtx4090-hq4 --ctx 262144 --lengths 1k,32k --json $J --logdir $L ;;
 spark)
   rm -rf $M/hq3m $M/q4km $M/proxy4 $M/hq4 $M/q6k $M/q8 $M/bf16 $S/oracle
   gen $M/q8 --quant q8_0 --no-draft & gen $S/bf16 --quant bf16 --no-draft & gen $S/hq4 --quant hq4 --no-draft & wait
