@@ -115,7 +115,7 @@ QUANT_OF = {"hq3m": "hq3m", "q4km": "q4_k_m", "hq4": "hq4", "q6k": "q6_k", "q8_0
 
 
 def recipes_table(recs: list[dict]) -> str:
-    rows = ["| recipe | file (types) | file bytes | context | planned GPU, fixed margin (run) | planned GPU, "
+    rows = ["| recipe | file (types) | file bytes | context | planned GPU when run | planned GPU, "
             "measured compute model (now) | measured peak (nvidia-smi) | server's own (self + unaccounted) | prompt "
             "tokens | prefill tok/s | decode tok/s |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
