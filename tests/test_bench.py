@@ -73,3 +73,38 @@ def test_bench_target_only(make_ckpt, tmp_path_factory, tmp_path):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert list(data["commands"]) == ["target"] and "draft" not in data["rows"][0]
     assert "greedy_identical" not in data["rows"][0]
+
+
+@pytest.mark.slow
+def test_bench_draft_on_the_users_prompts_picks_n_max(make_ckpt, tmp_path_factory, tmp_path):
+    """--prompts + --draft-n-max: acceptance on those prompts per draft length, and a verdict that follows from
+    the measured numbers (the fastest n_max, and whether it beats target-only decode)."""
+    model = converted(make_ckpt, tmp_path_factory, with_draft=True)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"The capital of France is"\n\n{"prompt": "def fib(n):\\n    return"}\n')
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(cli, ["bench", str(model), "--draft", "--draft-n-max", "2,3", "--prompts", str(prompts),
+                                   "-n", "12", "--threads", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "bench.json").read_text())
+    assert data["prompts"] == ["The capital of France is", "def fib(n):\n    return"]
+    assert {s["prompt"] for s in data["samples"]} == {0, 1}
+    sweep = data["draft_sweep"]
+    assert [r["n_max"] for r in sweep["rows"]] == [2, 3, 8]  # the sweep and the cpu recipe's own n_max
+    assert "--spec-draft-n-max 2" in data["commands"]["draft-2"]
+    for r in sweep["rows"]:
+        ss = [s for s in data["samples"] if s["mode"] == r["mode"]]
+        drafted, accepted = sum(s["draft_n"] for s in ss), sum(s["draft_accepted"] for s in ss)
+        assert drafted > 0 and r["acceptance"] == accepted / drafted
+        # drafting never changes greedy output
+        assert [s["text"] for s in ss] == [s["text"] for s in data["samples"] if s["mode"] == "target"]
+    best = max(sweep["rows"], key=lambda r: r["speedup"])
+    assert sweep["best_n_max"] == best["n_max"] and sweep["pays"] == (best["speedup"] > 1.0)
+    assert sweep["verdict"] in res.output and f"n_max {best['n_max']}" in sweep["verdict"]
+
+
+def test_bench_refuses_bad_prompts_file(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('"ok"\nnot json\n')
+    res = CliRunner().invoke(cli, ["bench", str(tmp_path), "--prompts", str(bad)])
+    assert res.exit_code == 2 and "p.jsonl:2" in res.stderr and "Traceback" not in res.output

@@ -133,8 +133,8 @@ def test_cli_plan_refuses_with_exit_2(tmp_path):
 def test_context_shrinks_only_when_allowed(real):
     target = with_weights(real, 8)
     recipe = load_recipe("cpu")
-    # a host that holds the weights but not the 32k context's KV: 8 GiB weights + 1 GiB compute
-    small = dataclasses.replace(recipe, memory=dict(recipe.memory, host_gib=9.3, host_headroom_gib=0))
+    # a host that holds the weights, compute and a 16k context but not the 32k context's KV (0.63 GiB)
+    small = dataclasses.replace(recipe, memory=dict(recipe.memory, host_gib=8.5, host_headroom_gib=0))
     plan = pl.make_plan(target, small)
     assert plan.ctx < recipe.server["ctx"] and plan.ctx >= recipe.server["min_ctx"]
     assert any("context reduced" in n for n in plan.notes)

@@ -76,3 +76,43 @@ def test_planner_matches_runtime_allocations(tmp_path):
     bufs = [float(m) for m in MODEL_BUF_RE.findall(text)]
     assert bufs, "no model buffer line"
     assert abs(bufs[0] - tshape.weight_bytes / MIB) < 0.02
+
+
+COMPUTE_RE = re.compile(r"sched_reserve:\s+CPU compute buffer size =\s*([\d.]+) MiB")
+
+
+def _cpu_compute_mib(rt, target: Path, ub: int, ctx: int, log: Path) -> float:
+    port = sv.free_port()
+    argv = [str(rt.tool("llama-server")), "-m", str(target), "-c", str(ctx), "-b", "2048", "-ub", str(ub),
+            "-fa", "auto", "--fit", "off", "--no-warmup", "-lv", "4", "--host", "127.0.0.1", "--port", str(port)]
+    with sv.Server(argv, "127.0.0.1", port, log, env=rt.env()) as srv:
+        srv.wait_ready(120)
+    found = COMPUTE_RE.findall(log.read_text(errors="replace"))
+    assert found, f"no compute-buffer line in {log}"
+    return float(found[0])
+
+
+@pytest.mark.slow
+def test_planner_compute_terms_match_the_runtimes_compute_buffers(tmp_path):
+    """The planner's compute model against the compute buffer llama-server reserves (CPU, demo-sized target):
+    what depends on the context is exactly the F16 attention mask, 2 bytes per ubatch token and KV cell, at every
+    ubatch. The per-token term is the recipe's coefficient, measured at the real shape per backend, where it is
+    linear in the ubatch (docs/benchmarks.md, "Compute buffers"); this tiny model also has a constant part, so
+    only the context term is compared here."""
+    rt = loc.locate()
+    target = tmp_path / "t.gguf"
+    write_qwen35moe(target, n_embd=64, layer_types="LLLF", n_head=4, n_head_kv=2, head_dim=256, n_rot=64,
+                    d_state=128, n_group=16, n_v_heads=32, d_conv=4)
+    tshape = pl.target_from_gguf(target)
+
+    def planned(ub, ctx):
+        recipe_file = tmp_path / f"r-{ub}-{ctx}.toml"
+        recipe_file.write_text(f'base = "cpu"\nname = "probe"\n[server]\nctx = {ctx}\nubatch = {ub}\n')
+        plan = pl.make_plan(tshape, load_recipe(str(recipe_file)), ctx=ctx)
+        return plan.pools[-1].use["compute"] / MIB
+
+    for ub in (256, 512):
+        small, large = (_cpu_compute_mib(rt, target, ub, c, tmp_path / f"s-{ub}-{c}.log") for c in (4096, 16384))
+        runtime_growth, planned_growth = large - small, planned(ub, 16384) - planned(ub, 4096)
+        assert abs(runtime_growth - 2 * ub * (16384 - 4096) / MIB) < 0.02, (ub, small, large)
+        assert abs(planned_growth - runtime_growth) < 0.02, (ub, planned_growth, runtime_growth)

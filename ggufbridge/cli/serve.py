@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from ggufbridge.cli import _options as opt
-from ggufbridge.errors import RuntimeNotFound
+from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import lifecycle, patches
+from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import prepare
@@ -24,7 +25,9 @@ from ggufbridge.runtime.session import prepare
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @opt.ctx()
 @click.option("--api-key", default=None, envvar="GGUFBRIDGE_API_KEY", help="Require this bearer key.")
-@click.option("--rpc", default=None, metavar="HOST:PORT[,...]", help="RPC worker endpoints (spark-x2).")
+@click.option("--rpc", default=None, metavar="HOST:PORT[,...]|local",
+              help="RPC worker endpoints (spark-x2), or `local`: start the recipe's workers on this machine on "
+                   "127.0.0.1 (one per GPU with CUDA) and stop them with this command.")
 @opt.threads()
 @opt.llama_bin()
 @click.option("--media-path", type=click.Path(file_okay=False, exists=True), default=None,
@@ -40,7 +43,12 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     """Serve OUT_DIR (written by `ggufbridge convert`) with llama-server, OpenAI-compatible under /v1."""
     recipe = load_recipe(recipe_name)
     workers = recipe.rpc["workers"]
-    if dry_run and workers and not rpc:
+    local = rpc is not None and rpc.strip().lower() == "local"
+    if local and not workers:
+        raise ServerError(f"--rpc local: recipe {recipe.name} has no RPC workers ([rpc] workers = 0)")
+    if local:  # the real ports are picked when the workers start
+        endpoints = [f"{rpcw.LOOPBACK}:PORT{i}" for i in range(workers)]
+    elif dry_run and workers and not rpc:
         endpoints = [f"WORKER{i}:{recipe.rpc['default_port']}" for i in range(workers)]
     else:
         endpoints = sv.parse_rpc(rpc, workers)
@@ -58,7 +66,7 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     if dry_run:
         _warn_wildcard(host, api_key)
         click.echo(f"recipe: {s.recipe.name} - {s.recipe.description}")
-        for i, ep in enumerate(endpoints):
+        for i, ep in enumerate([] if local else endpoints):
             click.echo(f"on RPC worker {i} (never bind 0.0.0.0): ggml-rpc-server --host {ep.rsplit(':', 1)[0]} "
                        f"--port {ep.rsplit(':', 1)[1]}")
         click.echo(f"command: {sv.printable(argv)}")
@@ -71,17 +79,34 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     if s.art.mmproj is not None and not s.rt.canvas_mrope:
         click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
     _warn_wildcard(host, api_key)
-    lifecycle.check_workers(endpoints)
+    if not local:
+        lifecycle.check_workers(endpoints)
     log = Path(log_path) if log_path else lifecycle.default_log(Path(out_dir))
-    click.echo(f"command: {sv.printable(argv)}")
-    click.echo(s.plan.format())
     srv = sv.Server(argv, host, port, log, env=s.rt.env())
+    pool: list[rpcw.Worker] = []
+
+    def start_workers():
+        """--rpc local: the workers on loopback, then the server command that names their real ports."""
+        if local:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            pool.extend(rpcw.start_workers(s.rt.tool("ggml-rpc-server"), workers, log.parent,
+                                           backend=s.recipe.backend, env=s.rt.env(), threads=threads))
+            opts.rpc = [w.endpoint for w in pool]
+            for i, w in enumerate(pool):
+                click.echo(f"RPC worker {i}: {w.endpoint} (log {w.log})")
+            srv.argv = sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts)
+        click.echo(f"command: {sv.printable(srv.argv)}")
+        click.echo(s.plan.format())
+        sys.stdout.flush()
 
     def ready():
         click.echo(f"ready: {srv.url}/v1  (model {sv.model_alias(s.art)}; health {srv.url}/health; log {log})")
         sys.stdout.flush()
 
-    end = lifecycle.run_foreground(srv, timeout, ready)
+    try:
+        end = lifecycle.run_foreground(srv, timeout, ready, before_start=start_workers)
+    finally:
+        rpcw.stop_workers(pool)
     if not end.ready:
         click.echo("stopped before the model finished loading", err=True)
         sys.exit(128 + end.signum)

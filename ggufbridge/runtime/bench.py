@@ -37,6 +37,42 @@ def parse_lengths(text: str) -> list[int]:
     return sorted(out)
 
 
+def load_prompts(path: str | Path) -> list[str]:
+    """The user's prompts: a JSONL file, one JSON string or {"prompt": "..."} object per line."""
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GGUFBridgeError(f"--prompts: cannot read {path}: {e}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            v = json.loads(line)
+        except ValueError:
+            raise GGUFBridgeError(f"--prompts {path}:{i}: expected a JSON string or {{\"prompt\": ...}}, found "
+                                  f"{line[:60]!r}") from None
+        if isinstance(v, dict):
+            v = v.get("prompt")
+        if not isinstance(v, str) or not v:
+            raise GGUFBridgeError(f"--prompts {path}:{i}: expected a non-empty prompt string, found {v!r}")
+        out.append(v)
+    if not out:
+        raise GGUFBridgeError(f"--prompts: {path} holds no prompts")
+    return out
+
+
+def parse_n_max(text: str, top: int) -> list[int]:
+    """"2,4,8" -> [2, 4, 8]: draft lengths to compare, each in 1..top."""
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise GGUFBridgeError(f"--draft-n-max: expected comma-separated integers, found {text!r}") from None
+    if not out or out[0] < 1 or out[-1] > top:
+        raise GGUFBridgeError(f"--draft-n-max: expected integers in 1..{top}, found {text!r}")
+    return out
+
+
 @dataclass
 class Sample:
     mode: str  # "target" | "draft"
@@ -48,6 +84,7 @@ class Sample:
     draft_n: int | None
     draft_accepted: int | None
     text: str = field(repr=False)  # the streamed text; the stream's per-chunk token lists are incomplete
+    prompt: int | None = None  # index into the user's prompts (--prompts), else None
 
     @property
     def acceptance(self) -> float | None:
@@ -66,7 +103,7 @@ def prompt_ids(url: str, n: int, api_key: str | None = None) -> list[int]:
         text *= 2
 
 
-def complete_stream(url: str, ids: list[int], n_predict: int, api_key: str | None = None,
+def complete_stream(url: str, ids: list[int] | str, n_predict: int, api_key: str | None = None,
                     timeout: float = 3600.0) -> tuple[float, str, dict]:
     """(seconds to the first token, generated text, final timings) for one greedy streamed completion.
 
@@ -112,21 +149,23 @@ def metrics(url: str, api_key: str | None = None) -> dict[str, float]:
 
 
 def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: dict, lengths: list[int],
-             n_predict: int, repeats: int, timeout: float) -> tuple[list[Sample], dict]:
+             n_predict: int, repeats: int, timeout: float, prompts: list[str] | None = None
+             ) -> tuple[list[Sample], dict]:
+    """Synthetic prompts of each length, or the user's `prompts` (then `lengths` is ignored)."""
     samples = []
     with sv.Server(argv, host, port, log, env=env) as srv:
         srv.wait_ready(timeout)
         url = srv.url
         complete_stream(url, prompt_ids(url, 8), 4)  # warm-up: first-call allocations out of the measurement
         before = metrics(url)
-        for n in lengths:
-            ids = prompt_ids(url, n)
+        jobs = [(i, p) for i, p in enumerate(prompts)] if prompts else [(None, prompt_ids(url, n)) for n in lengths]
+        for index, prompt in jobs:
             for _ in range(repeats):
-                ttft, text, t = complete_stream(url, ids, n_predict)
+                ttft, text, t = complete_stream(url, prompt, n_predict)
                 samples.append(Sample(
-                    mode=mode, prompt_tokens=n, prefill_tok_s=t["prompt_per_second"],
+                    mode=mode, prompt_tokens=t.get("prompt_n", len(prompt)), prefill_tok_s=t["prompt_per_second"],
                     decode_tok_s=t["predicted_per_second"], ttft_s=ttft, predicted=t["predicted_n"],
-                    draft_n=t.get("draft_n"), draft_accepted=t.get("draft_n_accepted"), text=text))
+                    draft_n=t.get("draft_n"), draft_accepted=t.get("draft_n_accepted"), text=text, prompt=index))
         after = metrics(url)
     counters = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in
                 ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
@@ -163,6 +202,30 @@ def summarize(samples: list[Sample], lengths: list[int]) -> list[dict]:
     return rows
 
 
+def draft_verdict(samples: list[Sample], counters: dict[str, dict], n_max: dict[str, int]) -> dict:
+    """Per drafted mode: decode speed against target-only on the same prompts, acceptance, accepted tokens per
+    round (server /metrics); whether drafting pays on this machine and with which n_max."""
+    target = _mean([s.decode_tok_s for s in samples if s.mode == "target"])
+    rows = []
+    for mode, n in sorted(n_max.items(), key=lambda kv: kv[1]):
+        ss = [s for s in samples if s.mode == mode]
+        c = counters.get(mode, {})
+        drafted, accepted = sum(s.draft_n or 0 for s in ss), sum(s.draft_accepted or 0 for s in ss)
+        rounds = c.get("spec_decode_num_drafts_total", 0)
+        decode = _mean([s.decode_tok_s for s in ss])
+        rows.append({"mode": mode, "n_max": n, "decode_tok_s": decode, "speedup": decode / target,
+                     "acceptance": accepted / drafted if drafted else None,
+                     "accepted_per_round": accepted / rounds if rounds else None})
+    best = max(rows, key=lambda r: r["speedup"])
+    pays = best["speedup"] > 1.0
+    per_round = f"{best['accepted_per_round']:.2f}" if best["accepted_per_round"] is not None else "n/a"
+    line = (f"drafting pays on this machine for these prompts: use n_max {best['n_max']} "
+            f"({best['speedup']:.2f}x target-only decode, {per_round} accepted tokens per round)" if pays else
+            f"drafting does not pay on this machine for these prompts: the best draft length (n_max "
+            f"{best['n_max']}) decodes at {best['speedup']:.2f}x target-only ({per_round} accepted tokens per round); serve without --draft")
+    return {"target_decode_tok_s": target, "rows": rows, "best_n_max": best["n_max"], "pays": pays, "verdict": line}
+
+
 def markdown(result: dict) -> str:
     has_draft = any("draft" in r for r in result["rows"])
     head = "| prompt tokens | target prefill tok/s | target decode tok/s | target TTFT s |"
@@ -184,6 +247,15 @@ def markdown(result: dict) -> str:
                       f"{d['decode_tok_s'] / t['decode_tok_s']:.2f}x", "yes" if r.get("greedy_identical") else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Commands:", ""] + [f"- {m}: `{c}`" for m, c in result["commands"].items()]
+    if "draft_sweep" in result:
+        v = result["draft_sweep"]
+        lines += ["", "| draft n_max | decode tok/s | vs target-only | acceptance | accepted tokens per round |",
+                  "|---:|---:|---:|---:|---:|"]
+        for r in v["rows"]:
+            acc = f"{r['acceptance']:.1%}" if r["acceptance"] is not None else "n/a"
+            per = f"{r['accepted_per_round']:.2f}" if r["accepted_per_round"] is not None else "n/a"
+            lines.append(f"| {r['n_max']} | {r['decode_tok_s']:.1f} | {r['speedup']:.2f}x | {acc} | {per} |")
+        lines += ["", f"**{v['verdict']}**"]
     if "draft_counters" in result:
         c = result["draft_counters"]
         lines += ["", f"Server /metrics over the drafted run: {int(c['spec_decode_num_draft_tokens_total'])} drafted, "

@@ -32,8 +32,12 @@ class Outcome:
     exit_code: int | None
 
 
-def run_foreground(srv: sv.Server, timeout: float, on_ready: Callable[[], None]) -> Outcome:
+def run_foreground(srv: sv.Server, timeout: float, on_ready: Callable[[], None],
+                   before_start: Callable[[], None] | None = None) -> Outcome:
     """Start `srv`, wait up to `timeout` s for /health, call `on_ready()`, then wait for a signal.
+
+    `before_start()` runs under the same signal handling, before the server process exists (serve's local RPC
+    workers start there); a signal during it stops before the server is created.
 
     Returns the Outcome of a stop by SIGINT/SIGTERM (before or after ready). Raises ServerError when the server
     fails to become ready or exits on its own (with the last lines of its log)."""
@@ -46,6 +50,10 @@ def run_foreground(srv: sv.Server, timeout: float, on_ready: Callable[[], None])
 
     old = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
+        if before_start is not None:
+            before_start()
+            if stopping["sig"] is not None:
+                return Outcome(stopping["sig"], False, None)
         srv.start()
         if stopping["sig"] is not None:  # a signal that arrived while the process was being created
             sv.signal_group(srv.proc, signal.SIGTERM)

@@ -8,6 +8,13 @@ Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
   `(conv_kernel-1)·(inner_size + 2·group_count·state_size)` and delta state `state_size·inner_size` elements,
   both F32 (src/llama-model.cpp:2756-2773; src/llama-hparams.cpp:208-258), times `1 + n_rs_seq` rows, where
   n_rs_seq = --spec-draft-n-max when a DSpark draft is attached (src/llama-memory-recurrent.cpp:101).
+* Compute buffers (measured: docs/benchmarks.md, "Compute buffers"): per device that runs layers,
+  `ubatch · compute_token_kib` (the graph's activations, linear in -ub; the recipe's figure, measured at the real
+  shape for its backend) + `2 · ubatch · cells` (the F16 attention mask of flash attention) + for a quantised KV cache
+  on a GPU `cells · n_head_kv · (key_length + value_length) · 2` (one layer's K and V converted to F16) + the largest
+  routed-expert tensor left in host memory by --n-cpu-moe (copied to the GPU for each batch); on the host of a GPU
+  run, `ubatch · (2 · cells + 8 · n_embd)` (the mask and inputs staged in pinned memory); plus `context_mib` per GPU
+  (CUDA context and library workspaces: the memory llama-server lists as "unaccounted"; an RPC worker has one too).
 * -ngl N offloads the last N blocks, the output head too when N > n_layer; token_embd stays on the host;
   --n-cpu-moe N keeps the routed experts of blocks 0..N-1 in host memory; RPC devices come first in the device
   list (src/llama.cpp:275) and layers are split over devices in order, proportionally to --tensor-split.
@@ -61,6 +68,8 @@ class TargetShape:
     expert_bytes: tuple[int, ...] = ()  # routed-expert weight bytes per block
     input_bytes: int = 0                # token_embd (always host)
     output_bytes: int = 0               # output head + final norm
+    n_embd: int = 0
+    expert_max_bytes: tuple[int, ...] = ()  # largest single routed-expert tensor per block
 
     @property
     def attention_layers(self) -> list[int]:
@@ -121,7 +130,8 @@ class TargetShape:
             conv_kernel=cfg["linear_conv_kernel_dim"], state_size=cfg["linear_key_head_dim"],
             group_count=cfg["linear_num_key_heads"],
             inner_size=cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"],
-            n_vocab=cfg.get("vocab_size", 0), n_ctx_train=cfg.get("max_position_embeddings", 0))
+            n_vocab=cfg.get("vocab_size", 0), n_ctx_train=cfg.get("max_position_embeddings", 0),
+            n_embd=cfg["hidden_size"])
 
 
 @dataclass(frozen=True)
@@ -198,11 +208,13 @@ def target_from_gguf(path: str | Path) -> TargetShape:
     vl = int(fields.get(p + "attention.value_length", n_embd // int(h0)))
     block = [0] * n_all
     experts = [0] * n_all
+    emax = [0] * n_all
     inp = out = 0
     for name, nbytes in tensors:
         m = EXPERT_RE.match(name)
         if m:
             experts[int(m.group(1))] += nbytes
+            emax[int(m.group(1))] = max(emax[int(m.group(1))], nbytes)
             continue
         m = BLOCK_RE.match(name)
         if m:
@@ -223,7 +235,7 @@ def target_from_gguf(path: str | Path) -> TargetShape:
         # MTP blocks (if any) are loaded with the last layer's device; fold them into it
         block_bytes=tuple(block[:n - 1] + [sum(block[n - 1:])]),
         expert_bytes=tuple(experts[:n - 1] + [sum(experts[n - 1:])]),
-        input_bytes=inp, output_bytes=out)
+        input_bytes=inp, output_bytes=out, n_embd=n_embd, expert_max_bytes=tuple(emax[:n]))
 
 
 def draft_from_gguf(path: str | Path) -> DraftShape:
@@ -391,12 +403,37 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     if mmproj_bytes:
         local_gpus = [d for d in devices if not d.name.startswith("rpc")]
         (local_gpus[0] if local_gpus and srv["mmproj_offload"] else host).use["mmproj"] += mmproj_bytes
-    for p in pools:
-        if p.total or p is host:
-            p.use["compute"] += int(recipe.memory["compute_mib"] * MIB)
+    _add_compute(recipe, target, devices, host, dev, cells, n_cpu_moe)
     split = [float(d.budget // GIB) for d in devices] if len(devices) > 1 else None
     return Plan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
                 tensor_split=split, pools=pools, figures=figures, notes=notes)
+
+
+def _add_compute(recipe: Recipe, target: TargetShape, devices: list[Pool], host: Pool, dev: list[Pool], cells: int,
+                 n_cpu_moe: int) -> None:
+    """Compute buffers per pool (model in the module docstring), plus the recipe's fixed compute_mib per pool
+    (a recipe without compute_token_kib has only that: 1024 MiB unless it says otherwise)."""
+    mem, srv = recipe.memory, recipe.server
+    fixed = mem["compute_mib"] if mem["compute_mib"] is not None else (0 if mem["compute_token_kib"] else 1024)
+    for p in list(devices) + [host]:
+        if p.total or p is host:
+            p.use["compute"] += int(fixed * MIB)
+    if mem["compute_token_kib"] is None:
+        return
+    ub = srv["ubatch"]
+    graph = int(ub * mem["compute_token_kib"] * 1024) + 2 * ub * cells
+    runs = [d for d in devices if any(x is d for x in dev)]
+    if not runs:  # CPU only: the host runs the graph
+        host.use["compute"] += graph
+        return
+    quant_kv = any(t not in ("f16", "bf16", "f32") for t in (srv["cache_type_k"], srv["cache_type_v"]))
+    heads = max(target.n_head_kv) if target.n_head_kv else 0
+    dequant = cells * heads * (target.key_length + target.value_length) * 2 if quant_kv else 0
+    staged = max((target.expert_max_bytes[i] for i in range(min(n_cpu_moe, target.n_layer))), default=0) \
+        if target.expert_max_bytes else 0
+    for d in runs:
+        d.use["compute"] += graph + dequant + staged + int(mem["context_mib"] * MIB)
+    host.use["compute"] += ub * (2 * cells + 8 * target.n_embd)
 
 
 def _choices(setting, n_layer: int, descending: bool) -> list[int]:

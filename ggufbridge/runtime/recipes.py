@@ -85,7 +85,10 @@ SCHEMA = {
     },
     "memory": {
         "unified": (_bool, False), "gpu_gib": (_gib_list, []), "host_gib": (_num(), 0.0),
-        "headroom_gib": (_num(), 0.0), "host_headroom_gib": (_num(), 0.0), "compute_mib": (_num(), 1024.0),
+        "headroom_gib": (_num(), 0.0), "host_headroom_gib": (_num(), 0.0),
+        # measured compute model (runtime/plan.py); compute_mib is a fixed reserve per pool on top of it, or in its
+        # place (default 1024) for a recipe without compute_token_kib
+        "compute_mib": (_num(), None), "compute_token_kib": (_num(), None), "context_mib": (_num(), 0.0),
     },
     "server": {
         "ctx": (_int(256), ...), "min_ctx": (_int(256), None), "parallel": (_int(1, 256), 1),
