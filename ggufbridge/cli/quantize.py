@@ -35,10 +35,19 @@ class ByteSize(click.ParamType):
 @click.option("--recipe", default=None, metavar="NAME|FILE.toml",
               help="A per-tensor-class recipe: hq4, hq3, or a TOML file (see docs/quant.md).")
 @click.option("--fit-bytes", type=ByteSize(), default=None,
-              help="Pick the best type/recipe whose weights + KV cache for --ctx + state fit this many bytes.")
+              help="KL-guided mix: a type per layer and tensor class, least KL with file + KV cache for --ctx "
+                   "+ state <= this many bytes (--ctx 0: the file alone).")
 @click.option("--fit", "fit_hw", default=None, metavar="HARDWARE",
-              help="Pick the best type/recipe that fits a hardware recipe (e.g. rtx4090) fully on its GPU at --ctx.")
+              help="KL-guided mix that fits a hardware recipe (e.g. rtx4090) fully on its GPU at --ctx.")
 @click.option("--ctx", type=int, default=None, help="Context to leave room for with --fit/--fit-bytes [8192].")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="--fit*: calibration text (or eval .jsonl) for the sensitivity pass [packaged sample].")
+@click.option("--reference", default=None, metavar="hf:DIR|logits:FILE|gguf:FILE",
+              help="--fit*: reference logits for the sensitivity pass [the source GGUF].")
+@click.option("--mix-out", type=click.Path(dir_okay=False), default=None,
+              help="--fit*: where to write the chosen mix as a recipe TOML [OUT with .mix.toml].")
+@click.option("--work", type=click.Path(file_okay=False), default=None,
+              help="--fit*: sensitivity cache folder [~/.cache/ggufbridge/sensitivity].")
 @click.option("--imatrix", type=click.Path(dir_okay=False), default=None,
               help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
 @click.option("--threads", type=int, default=None, help="Quantiser threads (default: up to 8).")
@@ -46,34 +55,45 @@ class ByteSize(click.ParamType):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
 @writes_files
-def command(src, dst, quant, recipe, fit_bytes, fit_hw, ctx, imatrix, threads, allow_requantize, as_json):
+def command(src, dst, quant, recipe, fit_bytes, fit_hw, ctx, calibration, reference, mix_out, work, imatrix, threads,
+            allow_requantize, as_json):
     """Quantise a GGUF written by `ggufbridge convert` (BF16/F16/F32) with the runtime's llama-quantize, and show
     what is quantised and what is not."""
     from ggufbridge.errors import QuantError
     from ggufbridge.ggufio.writer import remove_stale_parts, tmp_name
     from ggufbridge.quant import format_quant_report, quantize_file
-    from ggufbridge.quant.fit import _is_recipe, choose
 
     given = [n for n, v in (("--quant", quant), ("--recipe", recipe), ("--fit-bytes", fit_bytes),
                             ("--fit", fit_hw)) if v is not None]
     if len(given) != 1:
         raise QuantError(f"give exactly one of --quant, --recipe, --fit-bytes, --fit; "
                          f"found {', '.join(given) or 'none'}")
-    if ctx is not None and fit_bytes is None and fit_hw is None:
-        raise QuantError("--ctx only applies with --fit or --fit-bytes")
+    fitting = fit_bytes is not None or fit_hw is not None
+    if not fitting:
+        for opt, v in (("--ctx", ctx), ("--calibration", calibration), ("--reference", reference),
+                       ("--mix-out", mix_out), ("--work", work)):
+            if v is not None:
+                raise QuantError(f"{opt} only applies with --fit or --fit-bytes")
     chosen_note = None
-    if fit_bytes is not None or fit_hw is not None:
-        entry, tried = choose(src, fit_bytes=fit_bytes, hardware=fit_hw, ctx=ctx)
-        recipe, quant = (entry, None) if _is_recipe(entry) else (None, entry)
-        chosen_note = [f"{c.name}: {'fits' if c.fits else 'too big'} ({c.detail})" for c in tried]
     from pathlib import Path
 
     final = Path(dst)
     remove_stale_parts(final.parent)
     tmp = tmp_name(final)
     try:
-        res = quantize_file(src, tmp, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads,
-                            allow_requantize=allow_requantize)
+        if fitting:
+            from ggufbridge.quant.optimise import fit_quantize
+
+            mix_out = Path(mix_out) if mix_out else final.with_suffix(".mix.toml")
+            res, plan, sens = fit_quantize(src, tmp, fit_bytes=fit_bytes, hardware=fit_hw, ctx=ctx,
+                                           calibration=calibration, reference=reference, imatrix=imatrix,
+                                           work=work, mix_out=mix_out, threads=threads, progress=not as_json)
+            chosen_note = [f"mix {plan.recipe.name}: {plan.file_bytes:,} bytes of {plan.budget:,} for the file, "
+                           f"predicted KL {plan.predicted_kl:.4f} (sensitivity over {sens.n_tokens} tokens vs "
+                           f"{sens.reference}); recipe written to {mix_out}"]
+        else:
+            res = quantize_file(src, tmp, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads,
+                                allow_requantize=allow_requantize)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

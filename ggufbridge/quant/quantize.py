@@ -73,7 +73,7 @@ def plan_recipe(header: GGUFHeader, recipe: QuantRecipe) -> list[TensorChoice]:
         c = classify(t.name)
         if c.name == "other":
             raise QuantError(f"{header.path}: tensor {t.name} belongs to no class of recipe {recipe.name}")
-        wanted = recipe.type_of(c.name)
+        wanted = recipe.type_for(t.name, c.name)
         if c.kept:
             if t.type != wanted:
                 raise QuantError(f"{header.path}: {t.name} ({c.label}) is stored as {t.type}; recipe {recipe.name} "
