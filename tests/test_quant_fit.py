@@ -21,6 +21,16 @@ from ggufbridge.cli import cli
 from ggufbridge.errors import QuantError
 
 
+@pytest.fixture(scope="module")
+def ksafe_bf16(make_ckpt, tmp_path_factory):
+    """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model (every row a multiple of 256)."""
+    from ggufbridge.convert import convert
+
+    ckpt = make_ckpt("ksafe", dtype="bfloat16", vocab="small")
+    res = convert(ckpt, tmp_path_factory.mktemp("ksafe-bf16"), outtype="bf16", mmproj=False, progress=False)
+    return ckpt, res.path("target")
+
+
 def stored_types(path) -> dict[str, str]:
     return {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
 
@@ -260,3 +270,24 @@ def test_imatrix_without_fill_keeps_the_tool_output_and_reports_it(ksafe_bf16, t
     assert "without tokens" in res.output and "not filled" in res.output
     cov = coverage(tmp_path / "im.gguf")
     assert cov and all(c.missing == [3] for c in cov)
+
+
+@pytest.mark.slow
+def test_convert_fit_bytes_writes_a_target_within_budget(ksafe_bf16, tmp_path, monkeypatch):
+    from ggufbridge.quant import optimise
+
+    monkeypatch.setattr(optimise, "default_work", lambda: tmp_path / "work")  # not the user's cache
+    ckpt, _ = ksafe_bf16
+    cal = tmp_path / "cal.txt"
+    cal.write_text(" ".join(["a model of the river, 1 2 3; (expert) layer"] * 60))
+    out = tmp_path / "out"
+    budget = 6_000_000
+    res = CliRunner().invoke(cli, ["convert", str(ckpt), "-o", str(out), "--outtype", "bf16", "--no-mmproj",
+                                   "--no-progress", "--fit-bytes", str(budget), "--fit-ctx", "0", "--calibration",
+                                   str(cal)])
+    assert res.exit_code == 0, res.output
+    target = next(out.glob("*-FIT.gguf"))
+    assert target.stat().st_size <= budget
+    assert target.with_name(target.stem + ".mix.toml").is_file()
+    v = CliRunner().invoke(cli, ["verify", str(out), "--source", str(ckpt)])
+    assert v.exit_code == 0, v.output

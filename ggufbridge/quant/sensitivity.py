@@ -174,10 +174,16 @@ def _errors(src_reader, out_path: Path, names: list[str]) -> dict[str, float]:
     src = {t.name: t for t in src_reader.tensors}
     errs = {}
     for n in names:
-        a = dequantize(np.asarray(src[n].data), src[n].tensor_type).astype(np.float32).ravel()
-        b = dequantize(np.asarray(out[n].data), out[n].tensor_type).astype(np.float32).ravel()
-        d = a - b
-        errs[n] = float(np.dot(d, d))
+        a_raw, b_raw = src[n].data, out[n].data
+        total = 0.0
+        # one expert (outermost slice) at a time: memory stays at one matrix even for the 35B's stacked experts
+        slices = range(a_raw.shape[0]) if a_raw.ndim >= 3 else [slice(None)]
+        for i in slices:
+            a = dequantize(np.asarray(a_raw[i]), src[n].tensor_type).astype(np.float32).ravel()
+            b = dequantize(np.asarray(b_raw[i]), out[n].tensor_type).astype(np.float32).ravel()
+            d = a - b
+            total += float(np.dot(d, d))
+        errs[n] = total
     return errs
 
 
