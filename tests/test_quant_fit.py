@@ -291,3 +291,29 @@ def test_convert_fit_bytes_writes_a_target_within_budget(ksafe_bf16, tmp_path, m
     assert target.with_name(target.stem + ".mix.toml").is_file()
     v = CliRunner().invoke(cli, ["verify", str(out), "--source", str(ckpt)])
     assert v.exit_code == 0, v.output
+
+
+@pytest.mark.parametrize("table, message", [
+    ('"blk.0.attn_norm.weight" = "Q4_K"', "expected the name of a quantisable tensor"),
+    ('"nonsense" = "Q4_K"', "expected the name of a quantisable tensor"),
+    ('"blk.0.ffn_down_exps.weight" = "Q9_K"', "expected a tensor type"),
+])
+def test_recipe_tensors_table_is_validated(tmp_path, table, message):
+    from ggufbridge.quant.recipes import load_quant_recipe
+
+    p = tmp_path / "mix.toml"
+    p.write_text(f'base = "hq4"\n[tensors]\n{table}\n')
+    with pytest.raises(QuantError, match=message):
+        load_quant_recipe(str(p))
+
+
+def test_recipe_tensors_override_their_class(tmp_path):
+    from ggufbridge.quant.recipes import load_quant_recipe
+
+    p = tmp_path / "mix.toml"
+    p.write_text('base = "hq4"\n[tensors]\n"blk.2.ffn_down_exps.weight" = "Q6_K"\n')
+    r = load_quant_recipe(str(p))
+    assert r.type_for("blk.2.ffn_down_exps.weight", "experts_down") == "Q6_K"
+    assert r.type_for("blk.1.ffn_down_exps.weight", "experts_down") == tomllib.loads(
+        (__import__("importlib").resources.files("ggufbridge") / "recipes" / "quant" / "hq4.toml").read_text()
+    )["types"]["experts_down"]

@@ -189,6 +189,18 @@ def plan_for_hardware(src, sens: Sensitivity, hardware: str, ctx: int) -> FitPla
     return dataclasses.replace(best)
 
 
+def smallest_tensor_bytes(src, with_imatrix: bool) -> int:
+    """A lower bound of any mix's file size, known before measuring: every tensor at its smallest candidate type."""
+    from ggufbridge.inspect import read_header
+    from ggufbridge.quant.sensitivity import CANDIDATE_TYPES, IMATRIX_TYPES, unit_of
+
+    types = CANDIDATE_TYPES + (IMATRIX_TYPES if with_imatrix else ())
+    total = 0
+    for t in read_header(src).tensors:
+        total += (min(qt.nbytes(_final(c, t.shape), t.shape) for c in types) if unit_of(t.name) else t.nbytes)
+    return total
+
+
 def default_work() -> Path:
     return Path(os.environ.get("GGUFBRIDGE_CACHE", Path.home() / ".cache" / "ggufbridge")) / "sensitivity"
 
@@ -215,6 +227,11 @@ def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None
     ctx = DEFAULT_CTX if ctx is None else ctx
     if ctx < 0 or (hardware is not None and ctx < 1):
         raise QuantError(f"--ctx must be at least {0 if hardware is None else 1}, found {ctx}")
+    if fit_bytes is not None:
+        floor = smallest_tensor_bytes(src, imatrix is not None)
+        if fit_bytes - context_bytes(src, ctx) < floor:
+            raise QuantError(f"--fit-bytes {fit_bytes:,} does not even hold the smallest mix: its tensors alone need "
+                             f"{floor:,} bytes, plus {context_bytes(src, ctx):,} for --ctx {ctx}")
     sens = measure(src, calibration or default_calibration(), work=work or default_work(), reference=reference,
                    imatrix=imatrix, threads=threads, progress=progress)
     if hardware is not None:
