@@ -31,6 +31,17 @@ def ksafe_bf16(make_ckpt, tmp_path_factory):
     return ckpt, res.path("target")
 
 
+@pytest.fixture(scope="module")
+def fit_setup(tmp_path_factory):
+    """A short calibration text (two rows of 256 tokens: each probe stays cheap) and one sensitivity cache for
+    the module, so that the CLI and convert tests share one measurement of the same BF16 weights."""
+    d = tmp_path_factory.mktemp("fit")
+    rng = random.Random(3)
+    cal = d / "cal.txt"
+    cal.write_text(" ".join(rng.choice("the river model layer token 1 2 3 ( ) ; expert".split()) for _ in range(90)))
+    return cal, d / "work"
+
+
 def stored_types(path) -> dict[str, str]:
     return {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
 
@@ -144,15 +155,13 @@ def test_predicted_size_is_the_written_size(fake_sensitivity, tmp_path):
 # --- end to end on the CLI ---------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, tmp_path):
+def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, fit_setup, tmp_path):
     _, src = ksafe_bf16
-    cal = tmp_path / "cal.txt"
-    rng = random.Random(3)
-    cal.write_text(" ".join(rng.choice("the river model layer token 1 2 3 ( ) ; expert".split()) for _ in range(400)))
+    cal, work = fit_setup
     budget = 5_000_000
     out = tmp_path / "fit.gguf"
     args = ["quantize", str(src), "-o", str(out), "--fit-bytes", str(budget), "--ctx", "0", "--calibration",
-            str(cal), "--work", str(tmp_path / "work"), "--threads", "2"]
+            str(cal), "--work", str(work), "--threads", "2"]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     size = out.stat().st_size
@@ -175,7 +184,7 @@ def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, 
     out2 = tmp_path / "fit2.gguf"
     r3 = CliRunner().invoke(cli, args[:3] + [str(out2)] + ["--fit-bytes", "7000000"] + args[6:])
     assert r3.exit_code == 0, r3.output
-    assert len(list((tmp_path / "work").glob("*/sensitivity.json"))) == 1
+    assert len(list(work.glob("*/sensitivity.json"))) == 1
     assert out2.stat().st_size <= 7_000_000
 
 
@@ -273,13 +282,12 @@ def test_imatrix_without_fill_keeps_the_tool_output_and_reports_it(ksafe_bf16, t
 
 
 @pytest.mark.slow
-def test_convert_fit_bytes_writes_a_target_within_budget(ksafe_bf16, tmp_path, monkeypatch):
+def test_convert_fit_bytes_writes_a_target_within_budget(ksafe_bf16, fit_setup, tmp_path, monkeypatch):
     from ggufbridge.quant import optimise
 
-    monkeypatch.setattr(optimise, "default_work", lambda: tmp_path / "work")  # not the user's cache
+    cal, work = fit_setup
+    monkeypatch.setattr(optimise, "default_work", lambda: work)  # not the user's cache
     ckpt, _ = ksafe_bf16
-    cal = tmp_path / "cal.txt"
-    cal.write_text(" ".join(["a model of the river, 1 2 3; (expert) layer"] * 60))
     out = tmp_path / "out"
     budget = 6_000_000
     res = CliRunner().invoke(cli, ["convert", str(ckpt), "-o", str(out), "--outtype", "bf16", "--no-mmproj",
