@@ -217,6 +217,7 @@ def _starve_experts(path, starved=(6, 7)):
                 w[b] = -w[a]
             for e in starved:
                 w[e] = 0.0
+    r.data.flush()
     del r
 
 
