@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--exl3", type=Path, default=None, help="a compare JSON: one budget per EXL3 pack's size")
     ap.add_argument("--vs", nargs="*", default=[], help="llama.cpp types: one budget per type's file size")
+    ap.add_argument("--types", nargs="*", default=None, help="candidate types [ggufbridge.quant.sensitivity's]")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
         args.reference = f"gguf:{args.src}"
     t0 = time.perf_counter()
     sens = measure(args.src, args.calibration, work=args.work / "sens", reference=args.sens_reference,
-                   ctx=args.ctx, max_rows=args.cal_rows, threads=args.threads, progress=True)
+                   ctx=args.ctx, max_rows=args.cal_rows, threads=args.threads, progress=True,
+                   types=tuple(args.types) if args.types else None)
     print(f"sensitivity: {time.perf_counter() - t0:.0f} s here ({sens.timings})", file=sys.stderr)
     targets: list[tuple[str, int, float | None]] = [(f"budget {b:,}", b, None) for b in args.budgets]
     baselines = []

@@ -228,6 +228,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     reference = reference or f"gguf:{src}"
     key = _digest(FORMAT, _file_id(src), evalset.set_hash(rows), reference, imatrix and _file_id(Path(imatrix)),
                   ",".join(types), probe_type, ctx)
+    # the reference dump depends on the rows and the reference only: shared by measurements of other types
+    ref_file = Path(work) / f"reference-{_digest(_file_id(src), evalset.set_hash(rows), reference, ctx)}.safetensors"
     work = Path(work) / key
     cached = work / "sensitivity.json"
     if cached.is_file():
@@ -241,7 +243,6 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     if reference.startswith("logits:"):
         ref_spec = reference
     else:
-        ref_file = work / "reference.safetensors"
         if not ref_file.is_file():
             tmp = work / "reference.part.safetensors"
             dump_logits(reference, tmp, eval_path=rows_path, ctx=ctx, top_k=64, samples=32, floor=False)
