@@ -326,3 +326,13 @@ def test_recipe_tensors_override_their_class(tmp_path):
     assert r.type_for("blk.1.ffn_down_exps.weight", "experts_down") == tomllib.loads(
         (__import__("importlib").resources.files("ggufbridge") / "recipes" / "quant" / "hq4.toml").read_text()
     )["types"]["experts_down"]
+
+
+def test_fit_hardware_takes_the_largest_mix_the_planner_fits(fake_sensitivity):
+    """rtx4090's 24 GB hold this 16 MB model at any precision: the bisection must end at the full-precision mix."""
+    from ggufbridge.quant.optimise import plan_fit, plan_for_hardware
+
+    src, sens = fake_sensitivity
+    p = plan_for_hardware(src, sens, "rtx4090", 8192)
+    full = plan_fit(sens, 10**9)
+    assert p.unit_types == full.unit_types and set(p.unit_types.values()) == {"BF16"}
