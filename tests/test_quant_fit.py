@@ -336,3 +336,12 @@ def test_fit_hardware_takes_the_largest_mix_the_planner_fits(fake_sensitivity):
     p = plan_for_hardware(src, sens, "rtx4090", 8192)
     full = plan_fit(sens, 10**9)
     assert p.unit_types == full.unit_types and set(p.unit_types.values()) == {"BF16"}
+
+
+def test_a_mix_for_another_model_is_refused(ksafe_bf16, tmp_path):
+    _, src = ksafe_bf16
+    p = tmp_path / "mix.toml"
+    p.write_text('base = "hq4"\n[tensors]\n"blk.39.ffn_down_exps.weight" = "Q6_K"\n')
+    res = CliRunner().invoke(cli, ["quantize", str(src), "-o", str(tmp_path / "o.gguf"), "--recipe", str(p)])
+    assert res.exit_code == 2 and "does not have" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "o.gguf").exists()

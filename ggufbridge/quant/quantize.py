@@ -68,6 +68,10 @@ def plan_recipe(header: GGUFHeader, recipe: QuantRecipe) -> list[TensorChoice]:
     if arch != "qwen35moe":
         raise QuantError(f"{header.path}: recipes are written for the qwen35moe text model, found architecture "
                          f"{arch!r}; use --quant TYPE for other files")
+    unknown = sorted(set(recipe.tensors) - {t.name for t in header.tensors})
+    if unknown:
+        raise QuantError(f"recipe {recipe.name} names tensor(s) {', '.join(unknown[:3])} that {header.path.name} "
+                         f"does not have (a mix made for another model?)")
     out = []
     for t in header.tensors:
         c = classify(t.name)
