@@ -151,7 +151,7 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
             draft_outtype: str = "f16", mmproj: bool = True, mmproj_outtype: str = "f16",
             downsample: str | None = None, progress: bool = True, quant: str | None = None,
             recipe: str | None = None, imatrix=None, revision: str | None = None, force: bool = False,
-            allow_nonfinite: bool = False) -> ConvertResult:
+            allow_nonfinite: bool = False, fit: dict | None = None) -> ConvertResult:
     """`model_dir` and `draft`: a folder, a hub spec (`hf://ORG/NAME[@REV]`, `ms://ORG/NAME[@REV]`; downloaded
     first) or a repo id in the HF cache; `revision` pins `model_dir`'s.
 
@@ -160,7 +160,8 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     and the new one does not are deleted). Weights holding NaN/Inf are refused unless `allow_nonfinite`."""
     from ggufbridge.quant import pipeline as qp  # quant=/recipe=: the target goes through llama-quantize
 
-    qlabel = qp.prepare(quant, recipe, imatrix, outtype) if quant is not None or recipe is not None else None
+    qlabel = (qp.prepare(quant, recipe, imatrix, outtype, fit) if quant is not None or recipe is not None or fit
+              else None)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise GGUFBridgeError(f"{out}: output path exists and is not a folder")
@@ -198,7 +199,7 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
                     if o.role == "target" and qlabel:
                         w, _ = qp.write_quantized(o.plan, out / qp.quant_filename(o.filename, o.outtype, qlabel),
                                                   o.outtype, quant=quant, recipe=recipe, imatrix=imatrix,
-                                                  progress=bar.update, allow_nonfinite=allow_nonfinite)
+                                                  progress=bar.update, allow_nonfinite=allow_nonfinite, fit=fit)
                         written.append((o.role, w, qlabel))
                         continue
                     w = write_gguf(o.plan, out / o.filename, o.outtype, progress=bar.update,

@@ -187,7 +187,7 @@ def f32_values(name: str, shape: tuple, rng: np.random.Generator) -> np.ndarray:
 @dataclass(frozen=True)
 class Oracle:
     """A decisive target and a draft whose proposals are right at a controlled rate (the oracle pair of
-    ggufbridge.fixtures.dspark, at full shape). The target's greedy next token after t is succ(t), a cycle over
+    ggufbridge.synthetic.dspark, at full shape). The target's greedy next token after t is succ(t), a cycle over
     `length` consecutive ids per cycle (every layer's output projection is zero, so the residual stream stays the
     one-hot token embedding; the head reads the predecessor's slot). The draft's Markov head proposes succ(t),
     except after every `period`-th token of cycle c (period 0: never), where it proposes succ(succ(t)): a round

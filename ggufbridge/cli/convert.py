@@ -30,13 +30,18 @@ TYPES = click.Choice(sorted(OUTTYPES))
 @opt.quant_type("Quantise the target with llama-quantize (Q4_K_M, ...), starting from --outtype (bf16/f16/f32).")
 @opt.mix()
 @opt.imatrix("Importance matrix for --quant/--mix.")
+@opt.fit_bytes(help="Quantise the target to the KL-guided mix whose file + KV cache for --fit-ctx fits this many "
+                    "bytes (see `quantize --fit-bytes`).")
+@click.option("--fit-ctx", type=int, default=None, help="Context to leave room for with --fit-bytes [8192; 0: file].")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="--fit-bytes: calibration text or .jsonl rows [packaged sample].")
 @click.option("--force", is_flag=True, help="OUT_DIR may hold a conversion already: replace it as a whole once "
               "the new one is complete (its files that the new manifest does not list are deleted).")
 @click.option("--allow-nonfinite", is_flag=True, help="Write weights holding NaN/Inf as they are (with a warning) "
               "instead of refusing them.")
 @writes_files
 def command(model_dir, out_dir, outtype, revision, draft, draft_outtype, mmproj, mmproj_outtype, downsample, basename,
-            progress, quant, mix, imatrix, force, allow_nonfinite):
+            progress, quant, mix, imatrix, fit_bytes, fit_ctx, calibration, force, allow_nonfinite):
     """Convert an upstream MiniCPM-V 4.7 checkpoint to GGUF files + manifest.json.
 
     MODEL_DIR is a folder; hf://ORG/NAME[@REV] (Hugging Face) or ms://ORG/NAME[@REV] (ModelScope), downloaded
@@ -47,11 +52,15 @@ def command(model_dir, out_dir, outtype, revision, draft, draft_outtype, mmproj,
     error leaves nothing under a final name, and a later run removes what a killed one left. An OUT_DIR that
     already holds a conversion (manifest.json or a .gguf) is refused unless --force."""
     from ggufbridge.convert import convert
+    from ggufbridge.errors import QuantError
 
+    if fit_bytes is None and (fit_ctx is not None or calibration is not None):
+        raise QuantError("--fit-ctx and --calibration only apply with --fit-bytes")
+    fit = {"fit_bytes": fit_bytes, "ctx": fit_ctx, "calibration": calibration} if fit_bytes is not None else None
     res = convert(model_dir, out_dir, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                   mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress,
                   quant=quant, recipe=mix, imatrix=imatrix, revision=revision, force=force,
-                  allow_nonfinite=allow_nonfinite)
+                  allow_nonfinite=allow_nonfinite, fit=fit)
     for f in res.files:
         click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")
     click.echo(f"manifest {res.out_dir / 'manifest.json'}")

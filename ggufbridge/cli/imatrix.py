@@ -17,12 +17,22 @@ from ggufbridge.cli._common import writes_files
 @click.option("--ctx", type=int, default=512, show_default=True, help="Tokens per chunk.")
 @click.option("--chunks", type=int, default=None, help="At most this many chunks of the text.")
 @opt.quant_threads()
+@click.option("--fill-missing/--no-fill-missing", default=True, show_default=True,
+              help="Give experts that got no calibration tokens their layer's mean importance (with a warning).")
 @writes_files
-def command(out_dir, text, out, ctx, chunks, threads):
+def command(out_dir, text, out, ctx, chunks, threads, fill_missing):
     """Compute an importance matrix for OUT_DIR's target GGUF (a `ggufbridge convert` folder, or a .gguf) over a
     calibration text; pass it to `ggufbridge quantize --imatrix`."""
     from ggufbridge.quant.imatrix import compute_imatrix
 
-    res = compute_imatrix(out_dir, text, out, ctx=ctx, chunks=chunks, threads=threads)
+    from ggufbridge.quant.coverage import format_coverage
+
+    res = compute_imatrix(out_dir, text, out, ctx=ctx, chunks=chunks, threads=threads, fill_missing=fill_missing)
     click.echo(f"wrote {res.path} ({res.chunks if res.chunks is not None else '?'} chunks of {ctx} tokens "
                f"through {res.model.name})")
+    click.echo(format_coverage(res.coverage))
+    for note in res.filled:
+        click.echo(f"warning: {note}")
+    if not fill_missing and any(c.missing for c in res.coverage):
+        click.echo("warning: experts without tokens were not filled (--no-fill-missing): llama-quantize gives them "
+                   "uniform importance")

@@ -154,8 +154,10 @@ class GGUFSource(Source):
                                    verbose=False)
         self.vocab_size = int(self.llm.n_vocab())
         self.bits_per_weight, recipe = gguf_facts(path)
-        # files from a ggufbridge recipe (hq4, hq3, ...) form their own line beside llama.cpp's mixes
-        self.family = "GGUF, ggufbridge recipes" if recipe else "GGUF"
+        # files from a ggufbridge recipe (hq4, hq3, ...) form their own line beside llama.cpp's mixes, and the
+        # KL-guided mixes of `quantize --fit-bytes` (recipe fit-HASH) another
+        self.family = ("GGUF, KL-guided mix (--fit-bytes)" if recipe and recipe.startswith("fit-") else
+                       "GGUF, ggufbridge recipes" if recipe else "GGUF")
 
     def tokenize(self, text):
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))

@@ -61,6 +61,7 @@ class GGUFHeader:
     tensors: list[TensorInfo]
     file_bytes: int
     data_start: int = 0  # absolute offset of the (aligned) tensor data section
+    header_end: int = 0  # where the tensor table ends: the header's bytes before the alignment padding
 
     def tensor(self, name: str) -> TensorInfo:
         t = next((t for t in self.tensors if t.name == name), None)
@@ -74,6 +75,14 @@ class GGUFHeader:
         if t.nbytes == 0:
             return np.zeros(0, dtype=np.uint8)
         return np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start + t.offset, shape=(t.nbytes,))
+
+    def tensor_blocks(self, name_or_info: str | TensorInfo) -> np.memmap:
+        """One tensor's stored bytes in numpy order with the last axis in bytes: the layout gguf-py's
+        `gguf.quants.dequantize` takes, for any type (quantised or not)."""
+        t = self.tensor(name_or_info) if isinstance(name_or_info, str) else name_or_info
+        block, bsize = GGML_QUANT_SIZES[GGMLQuantizationType[t.type]]
+        shape = t.shape[::-1]
+        return self.tensor_data(t).reshape(*shape[:-1], shape[-1] // block * bsize)
 
     def tensor_array(self, name_or_info: str | TensorInfo) -> np.ndarray:
         """One unquantised tensor as an array in numpy (PyTorch) order; BF16 as uint16 bit patterns."""
@@ -190,10 +199,11 @@ def read_header(path: str | Path) -> GGUFHeader:
             # a file cut short keeps a whole header: only the data section's end against the file size tells
             align = kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
             align = align if isinstance(align, int) and align > 0 else GGUF_DEFAULT_ALIGNMENT
+            header_end = r.pos
             data_start = r.pos + (-r.pos) % align
             end = data_start + max((t.offset + t.nbytes for t in tensors), default=0)
             if end > size:
                 raise GGUFFileError(f"{path}: truncated GGUF: its tensor data needs {end} bytes, the file has {size}")
     except OSError as e:
         raise GGUFFileError(f"cannot read {path}: {e.strerror or e}") from None
-    return GGUFHeader(path, version, kv, tensors, size, data_start)
+    return GGUFHeader(path, version, kv, tensors, size, data_start, header_end)

@@ -7,7 +7,7 @@ import logging
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import ManifestError, QuantError
@@ -24,6 +24,8 @@ class ImatrixResult:
     model: Path
     chunks: int | None
     log: str
+    coverage: list = field(default_factory=list)  # ExpertCoverage per stacked-expert tensor, before any filling
+    filled: list[str] = field(default_factory=list)  # one line per tensor whose starved experts were filled
 
 
 def target_of(out_dir: str | os.PathLike) -> Path:
@@ -38,9 +40,11 @@ def target_of(out_dir: str | os.PathLike) -> Path:
 
 
 def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None = None,
-                    threads: int | None = None, runtime=None) -> ImatrixResult:
+                    threads: int | None = None, runtime=None, fill_missing: bool = True) -> ImatrixResult:
     """Run llama-imatrix over `text` (a UTF-8 file) with the unquantised target `model` (GGUF, or a convert
-    output folder); write the matrix (GGUF format) to `out` (default: beside the model, imatrix.gguf)."""
+    output folder); write the matrix (GGUF format) to `out` (default: beside the model, imatrix.gguf).
+    The per-expert coverage is reported; experts no token reached get their layer's mean (ggufbridge.quant.
+    coverage) unless `fill_missing` is False."""
     model = target_of(model)
     text = Path(text)
     if not text.is_file():
@@ -90,8 +94,12 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
         if "you need at least" in outtext:
             hint += f" (the text is too short for --ctx {ctx}: use a longer text or a smaller --ctx)"
         raise QuantError(f"llama-imatrix failed (exit {p.returncode}): {hint}")
+    from ggufbridge.quant.coverage import coverage, fill_missing as fill
+
+    cov = coverage(tmp_out)
+    filled = [n for n in fill(tmp_out) if "filled" in n] if fill_missing else []
     os.replace(tmp_out, out)
-    return ImatrixResult(out, model, _chunk_count(out), outtext)
+    return ImatrixResult(out, model, _chunk_count(out), outtext, cov, filled)
 
 
 def count_tokens(model: Path, text: Path) -> int | None:

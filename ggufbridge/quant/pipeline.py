@@ -35,12 +35,23 @@ def check_intermediate(outtype: str) -> None:
                          f"{', '.join(INTERMEDIATE_TYPES)} with --quant/--recipe, found {outtype!r}")
 
 
-def prepare(quant: str | None, recipe: str | None, imatrix, outtype: str) -> str:
-    """Validate a convert-time quantisation request before anything is written; returns its label."""
+FIT_LABEL = "FIT"  # file name / manifest type of a KL-guided mix (`convert --fit-bytes`)
+
+
+def prepare(quant: str | None, recipe: str | None, imatrix, outtype: str, fit: dict | None = None) -> str:
+    """Validate a convert-time quantisation request before anything is written; returns its label.
+    `fit`: keyword arguments of ggufbridge.quant.optimise.fit_quantize (fit_bytes, ctx, calibration, ...)."""
     from ggufbridge.quant.recipes import load_quant_recipe
     from ggufbridge.runtime.locate import locate
 
-    label = quant_label(quant, recipe)
+    if fit is not None:
+        if quant is not None or recipe is not None:
+            raise QuantError("give one of --quant, --recipe and --fit-bytes")
+        if fit.get("calibration") is not None and not Path(fit["calibration"]).is_file():
+            raise QuantError(f"calibration set {fit['calibration']} does not exist")
+        label = FIT_LABEL
+    else:
+        label = quant_label(quant, recipe)
     check_intermediate(outtype)
     if recipe is not None:
         load_quant_recipe(recipe)
@@ -51,8 +62,11 @@ def prepare(quant: str | None, recipe: str | None, imatrix, outtype: str) -> str
 
 
 def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None, recipe: str | None = None,
-                    imatrix=None, progress=None, threads: int | None = None, allow_nonfinite: bool = False):
-    """Returns (Written for `final`, still under its temporary name, QuantResult)."""
+                    imatrix=None, progress=None, threads: int | None = None, allow_nonfinite: bool = False,
+                    fit: dict | None = None):
+    """Returns (Written for `final`, still under its temporary name, QuantResult). With `fit`, the mix is chosen
+    for the budget on the intermediate file (ggufbridge.quant.optimise) and written beside `final` as
+    NAME.mix.toml."""
     from ggufbridge.ggufio.writer import Written, tmp_name, write_gguf
 
     check_intermediate(outtype)
@@ -60,7 +74,13 @@ def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None
                     allow_nonfinite=allow_nonfinite)
     dst = tmp_name(final)
     try:
-        res: QuantResult = quantize_file(hp.path, dst, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads)
+        if fit is not None:
+            from ggufbridge.quant.optimise import fit_quantize
+
+            res = fit_quantize(hp.path, dst, imatrix=imatrix, threads=threads,
+                               mix_out=final.with_name(final.stem + ".mix.toml"), **fit)[0]
+        else:
+            res = quantize_file(hp.path, dst, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads)
     except BaseException:
         dst.unlink(missing_ok=True)
         raise

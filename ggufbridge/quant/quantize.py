@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,12 +70,16 @@ def plan_recipe(header: GGUFHeader, recipe: QuantRecipe) -> list[TensorChoice]:
     if arch != "qwen35moe":
         raise QuantError(f"{header.path}: recipes are written for the qwen35moe text model, found architecture "
                          f"{arch!r}; use --quant TYPE for other files")
+    unknown = sorted(set(recipe.tensors) - {t.name for t in header.tensors})
+    if unknown:
+        raise QuantError(f"recipe {recipe.name} names tensor(s) {', '.join(unknown[:3])} that {header.path.name} "
+                         f"does not have (a mix made for another model?)")
     out = []
     for t in header.tensors:
         c = classify(t.name)
         if c.name == "other":
             raise QuantError(f"{header.path}: tensor {t.name} belongs to no class of recipe {recipe.name}")
-        wanted = recipe.type_of(c.name)
+        wanted = recipe.type_for(t.name, c.name)
         if c.kept:
             if t.type != wanted:
                 raise QuantError(f"{header.path}: {t.name} ({c.label}) is stored as {t.type}; recipe {recipe.name} "
@@ -179,20 +184,26 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
     return QuantResult(dst, src, ftype, rec.name if rec else None, imatrix, fallbacks, report, choices)
 
 
-def quantize_to(src, dst, **kwargs) -> QuantResult:
-    """`quantize_file` into `dst`, all or nothing: written under a temporary name beside `dst` (first removing what
-    a killed run left there), renamed once complete. On an error or an interrupt nothing is left under either name.
-    """
+@contextmanager
+def all_or_nothing(dst):
+    """A temporary path beside `dst` to write into (first removing what a killed run left there), renamed to `dst`
+    once the block completes. On an error or an interrupt nothing is left under either name."""
     final = Path(dst)
     remove_stale_parts(final.parent)
     tmp = tmp_name(final)
     try:
-        res = quantize_file(src, tmp, **kwargs)
+        yield tmp
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    res.path = final
-    res.report.path = str(final)
+
+
+def quantize_to(src, dst, **kwargs) -> QuantResult:
+    """`quantize_file` into `dst`, all or nothing (`all_or_nothing`)."""
+    with all_or_nothing(dst) as tmp:
+        res = quantize_file(src, tmp, **kwargs)
+    res.path = Path(dst)
+    res.report.path = str(dst)
     return res
 
 

@@ -1,22 +1,24 @@
 """Quantisation recipes: TOML files mapping each tensor class (ggufbridge.quant.classes) to a tensor type.
 
 Packaged recipes live in ggufbridge/recipes/quant/NAME.toml; a user may pass a path to their own file, optionally
-starting from a packaged one with `base = "hq4"` and overriding some `[types]` entries.
+starting from a packaged one with `base = "hq4"` and overriding some `[types]` entries. A `[tensors]` table sets
+single tensors by their GGUF name (what `quantize --fit-bytes` writes: a type per layer and expert projection);
+`[fit]` is the optimiser's record of how the mix was chosen (budget, predicted KL), kept for the reader.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from ggufbridge.errors import QuantError
 from ggufbridge.quant import types as qt
-from ggufbridge.quant.classes import BY_NAME, CLASSES
+from ggufbridge.quant.classes import BY_NAME, CLASSES, classify
 
 KEPT_TYPE = "F32"  # what the converter writes for every class llama.cpp never quantises
-TOP_KEYS = {"description", "file_type", "types", "base"}
+TOP_KEYS = {"description", "file_type", "types", "base", "tensors", "fit"}
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,14 @@ class QuantRecipe:
     file_type: str  # llama-quantize type argument (→ general.file_type); all tensor types are explicit
     types: dict[str, str]  # class name → tensor type, for every class
     source: str  # "packaged" or the user's file
+    tensors: dict[str, str] = field(default_factory=dict)  # GGUF tensor name → type, over its class's type
+    fit: dict = field(default_factory=dict)
 
     def type_of(self, cls: str) -> str:
         return self.types[cls]
+
+    def type_for(self, tensor: str, cls: str) -> str:
+        return self.tensors.get(tensor, self.types[cls])
 
 
 def _dir():
@@ -65,8 +72,9 @@ def load_quant_recipe(name_or_path: str) -> QuantRecipe:
             raise QuantError(f"recipe {name}: base must name a packaged recipe ({', '.join(packaged_names())}), "
                              f"found {base!r}")
         braw = _read(base)[0]
-        raw = {**braw, **{k: v for k, v in raw.items() if k != "types"},
-               "types": {**braw.get("types", {}), **raw.get("types", {})}}
+        raw = {**braw, **{k: v for k, v in raw.items() if k not in ("types", "tensors")},
+               "types": {**braw.get("types", {}), **raw.get("types", {})},
+               "tensors": {**braw.get("tensors", {}), **raw.get("tensors", {})}}
     return validate(raw, name, source)
 
 
@@ -104,4 +112,19 @@ def validate(raw: dict, name: str, source: str = "packaged") -> QuantRecipe:
     desc = raw.get("description", "")
     if not isinstance(desc, str):
         raise QuantError(f"recipe {name}: description must be a string, found {desc!r}")
-    return QuantRecipe(name=name, description=desc, file_type=ft, types=types, source=source)
+    tensors = raw.get("tensors", {})
+    if not isinstance(tensors, dict):
+        raise QuantError(f"recipe {name}: [tensors] must be a table of \"tensor name\" = type, found {tensors!r}")
+    per_tensor = {}
+    for tname, t in tensors.items():
+        where = f"recipe {name}: tensors.{tname}"
+        c = classify(tname)
+        if c.name == "other" or c.kept:
+            raise QuantError(f"{where}: expected the name of a quantisable tensor (e.g. blk.0.ffn_down_exps.weight), "
+                             f"found one of class {c.name}")
+        per_tensor[tname] = qt.tensor_type(str(t), where)
+    fit = raw.get("fit", {})
+    if not isinstance(fit, dict):
+        raise QuantError(f"recipe {name}: [fit] must be a table, found {fit!r}")
+    return QuantRecipe(name=name, description=desc, file_type=ft, types=types, source=source, tensors=per_tensor,
+                       fit=fit)
