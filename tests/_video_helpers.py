@@ -77,21 +77,6 @@ def hf_video_processor(ckpt: Path, downsample: str | None = None, **overrides):
 
 def hf_processor_with_video(ckpt: Path, downsample: str | None = None):
     """transformers' MiniCPM-V 4.7 processor with the real video processor (PIL image processor beside it)."""
-    from transformers import AutoTokenizer
-    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
-    from transformers.models.minicpmv4_7.processing_minicpmv4_7 import MiniCPMV4_7Processor
+    from ggufbridge.synthetic.vision import hf_processor
 
-    cfg = json.loads((Path(ckpt) / "preprocessor_config.json").read_text())
-    cfg = {k: v for k, v in cfg.items() if k not in ("image_processor_type", "processor_class")}
-    if downsample:
-        cfg["downsample_mode"] = downsample
-    ip = MiniCPMV4_6ImageProcessorPil(**cfg)
-
-    class Processor(MiniCPMV4_7Processor):
-        def check_argument_for_proper_class(self, name, arg):
-            return arg
-
-    proc = Processor(image_processor=ip, video_processor=hf_video_processor(ckpt, downsample),
-                     tokenizer=AutoTokenizer.from_pretrained(str(ckpt)))
-    proc.image_token, proc.image_token_id = "<no-image>", -1  # the fixture tokenizer names <unk> for both
-    return proc
+    return hf_processor(ckpt, downsample, video_processor=hf_video_processor(ckpt, downsample))

@@ -22,9 +22,10 @@ def random_image(w: int, h: int, seed: int = 0):
     return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
-def hf_processor(ckpt: Path, downsample: str | None = None):
+def hf_processor(ckpt: Path, downsample: str | None = None, video_processor=None):
     """transformers' MiniCPM-V 4.7 processor with the PIL image processor (torchvision is not installed, and
-    the video processor it would also load needs it)."""
+    the video processor it would also load needs it). With `video_processor`, that one serves videos and images
+    are switched off instead: the fixture tokenizer names <unk> for both placeholders."""
     from transformers import AutoTokenizer
     from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
     from transformers.models.minicpmv4_7.processing_minicpmv4_7 import MiniCPMV4_7Processor
@@ -39,6 +40,10 @@ def hf_processor(ckpt: Path, downsample: str | None = None):
         def check_argument_for_proper_class(self, name, arg):  # the PIL stand-in for the video processor
             return arg
 
-    proc = Processor(image_processor=ip, video_processor=ip, tokenizer=AutoTokenizer.from_pretrained(str(ckpt)))
-    proc.video_token, proc.video_token_id = "<no-video>", -1  # the fixture tokenizer names <unk> for both
+    proc = Processor(image_processor=ip, video_processor=video_processor or ip,
+                     tokenizer=AutoTokenizer.from_pretrained(str(ckpt)))
+    if video_processor is None:
+        proc.video_token, proc.video_token_id = "<no-video>", -1
+    else:
+        proc.image_token, proc.image_token_id = "<no-image>", -1
     return proc
