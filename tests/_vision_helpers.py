@@ -35,3 +35,18 @@ def kl_rows(ref_logits: np.ndarray, test_logits: np.ndarray) -> np.ndarray:
     """KL(reference ‖ test) per row."""
     lr, lt = log_softmax(ref_logits.astype(np.float64)), log_softmax(test_logits.astype(np.float64))
     return (np.exp(lr) * (lr - lt)).sum(-1)
+
+
+def flat_prompt(chunks):
+    """Token ids (-1 inside image/frame chunks) and [3, n] positions of a whole prompt from libmtmd's chunks."""
+    ids, pos, t = [], [], 0
+    for c in chunks:
+        if c.kind == "text":
+            ids += c.ids
+            pos.append(np.tile(np.arange(t, t + len(c.ids)), (3, 1)))
+            t += len(c.ids)
+        else:
+            ids += [-1] * c.n_tokens
+            pos.append(c.pos[:3])
+            t += c.n_pos
+    return ids, np.concatenate(pos, 1)

@@ -53,3 +53,14 @@ def confident_ckpt(tiny_ckpt, tmp_path_factory):
     from _synthetic.confident import make_confident
 
     return make_confident(tiny_ckpt, tmp_path_factory.mktemp("confident"))
+
+
+@pytest.fixture(scope="session")
+def ksafe_bf16(make_ckpt, tmp_path_factory):
+    """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model (every row a multiple of 256),
+    converted once for test_quant and test_quant_fit (both only read it: their outputs go to tmp_path)."""
+    from ggufbridge.convert import convert
+
+    ckpt = make_ckpt("ksafe", dtype="bfloat16", vocab="small")
+    res = convert(ckpt, tmp_path_factory.mktemp("ksafe-bf16"), outtype="bf16", mmproj=False, progress=False)
+    return ckpt, res.path("target")

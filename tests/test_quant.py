@@ -64,14 +64,6 @@ def generates(path: Path, n: int = 4) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ksafe_bf16(make_ckpt, tmp_path_factory):
-    """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model."""
-    ckpt = make_ckpt("ksafe", dtype="bfloat16", vocab="small")
-    res = convert(ckpt, tmp_path_factory.mktemp("ksafe-bf16"), outtype="bf16", mmproj=False, progress=False)
-    return ckpt, res.path("target")
-
-
-@pytest.fixture(scope="module")
 def tiny_bf16(make_ckpt, tmp_path_factory):
     """A model whose rows (64, 32) are not whole K-quant blocks: every K-quant must fall back."""
     ckpt = make_ckpt("tiny", dtype="bfloat16", vocab="small")

@@ -22,16 +22,6 @@ from ggufbridge.errors import QuantError
 
 
 @pytest.fixture(scope="module")
-def ksafe_bf16(make_ckpt, tmp_path_factory):
-    """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model (every row a multiple of 256)."""
-    from ggufbridge.convert import convert
-
-    ckpt = make_ckpt("ksafe", dtype="bfloat16", vocab="small")
-    res = convert(ckpt, tmp_path_factory.mktemp("ksafe-bf16"), outtype="bf16", mmproj=False, progress=False)
-    return ckpt, res.path("target")
-
-
-@pytest.fixture(scope="module")
 def fit_setup(tmp_path_factory):
     """A short calibration text (two rows of 256 tokens: each probe stays cheap) and one sensitivity cache for
     the module, so that the CLI and convert tests share one measurement of the same BF16 weights."""
@@ -60,16 +50,21 @@ def _random_instance(rng: random.Random, n_units: int, n_opts: int):
     return out
 
 
+def _random_budgeted(rng):
+    """A random 4-unit, 4-option instance and a budget between its smallest and largest mix."""
+    opts = _random_instance(rng, 4, 4)
+    lo = sum(min(o.bytes for o in v) for v in opts.values())
+    hi = sum(max(o.bytes for o in v) for v in opts.values())
+    return opts, rng.randint(lo, hi)
+
+
 def test_allocator_stays_in_budget_and_finds_the_exhaustive_optimum():
     from ggufbridge.quant.allocate import allocate
 
     rng = random.Random(0)
     worst = 0.0
     for trial in range(60):
-        opts = _random_instance(rng, 4, 4)
-        lo = sum(min(o.bytes for o in v) for v in opts.values())
-        hi = sum(max(o.bytes for o in v) for v in opts.values())
-        budget = rng.randint(lo, hi)
+        opts, budget = _random_budgeted(rng)
         got = allocate(opts, budget)
         assert sum(o.bytes for o in got.values()) <= budget
         best = min(sum(o.kl for o in combo) for combo in itertools.product(*opts.values())
@@ -85,10 +80,7 @@ def test_allocator_stays_in_budget_and_finds_the_exhaustive_optimum():
     rng = random.Random(0)
     misses = 0
     for trial in range(60):
-        opts = _random_instance(rng, 4, 4)
-        lo = sum(min(o.bytes for o in v) for v in opts.values())
-        hi = sum(max(o.bytes for o in v) for v in opts.values())
-        budget = rng.randint(lo, hi)
+        opts, budget = _random_budgeted(rng)
         g = allocate_greedy(opts, budget)
         assert sum(o.bytes for o in g.values()) <= budget
         misses += sum(o.kl for o in g.values()) > sum(o.kl for o in allocate(opts, budget).values()) + 1e-12

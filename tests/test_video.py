@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from _video_helpers import hf_processor_with_video, make_clip
-from _vision_helpers import SPEC_THW, cosines, kl_rows
+from _vision_helpers import SPEC_THW, cosines, flat_prompt, kl_rows
 from ggufbridge.errors import VisionInputError
 from ggufbridge.vision import video
 
@@ -199,20 +199,6 @@ def _hf(ck, ref, clip, question=QUESTION, downsample=None, logits=True):
     return want, rope[:, 0].numpy(), out
 
 
-def _flat(chunks):
-    ids, pos, t = [], [], 0
-    for c in chunks:
-        if c.kind == "text":
-            ids += c.ids
-            pos.append(np.tile(np.arange(t, t + len(c.ids)), (3, 1)))
-            t += len(c.ids)
-        else:
-            ids += [-1] * c.n_tokens
-            pos.append(c.pos[:3])
-            t += c.n_pos
-    return ids, np.concatenate(pos, 1)
-
-
 def _runtime_chunks(res, clip, question=QUESTION, encode=False):
     from ggufbridge.vision.bindings import VisionSession
 
@@ -242,7 +228,7 @@ def test_layout_and_positions_match_transformers(model, tmp_path, name):
     clip = make_clip(tmp_path / "c.mp4", n, fps, w=w, h=h, seed=n)
     want, rope, _ = _hf(ck, ref, clip, downsample=ds, logits=False)
     chunks, _ = _runtime_chunks(outs[ds or "16x"], clip)
-    ids, pos = _flat(chunks)
+    ids, pos = flat_prompt(chunks)
     hf_ids = np.array(want["input_ids"][0].tolist())
     in_chunk = np.array(ids) < 0
     assert len(ids) == len(hf_ids)
@@ -265,7 +251,7 @@ def test_without_the_patch_frames_get_image_ids(model, tmp_path):
     want, _, _ = _hf(ck, ref, clip, logits=False)
     frames = list(video.iter_frames(str(clip), video.sample_indices(video.probe(clip))))
     with VisionSession(outs["16x"].path("target"), outs["16x"].path("mmproj"), n_ctx=4096) as s:
-        ids, _ = _flat(s.chunks(_chat(s.marker * len(frames)), frames, encode=False))
+        ids, _ = flat_prompt(s.chunks(_chat(s.marker * len(frames)), frames, encode=False))
     assert len(ids) > want["input_ids"].shape[1]
 
 
@@ -279,7 +265,7 @@ def test_frame_embeddings_and_logits_match_transformers(model, tmp_path):
     clip = make_clip(tmp_path / "c.mp4", 25, 10, w=250, h=130, seed=3)
     want, rope, hf_logits = _hf(ck, ref, clip)
     chunks, ev = _runtime_chunks(outs["16x"], clip, encode=True)
-    ids, pos = _flat(chunks)
+    ids, pos = flat_prompt(chunks)
     np.testing.assert_array_equal(pos, rope)
     with torch.no_grad():
         feats = ref.model.get_video_features(want["pixel_values_videos"], want["target_sizes_videos"])

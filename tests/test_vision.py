@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from _vision_helpers import SPEC_THW, hf_processor, kl_rows, random_image
+from _vision_helpers import SPEC_THW, flat_prompt, hf_processor, kl_rows, random_image
 from ggufbridge.convert import convert
 from ggufbridge.errors import VisionInputError
 from ggufbridge.vision.preprocess import load_image
@@ -98,21 +98,6 @@ def _chat(placeholder: str, n_images: int, question: str) -> str:
             + "<|im_end|>\n<|im_start|>assistant\n")
 
 
-def _flat(chunks):
-    """Token ids (-1 inside image chunks) and [3, n] positions of the whole prompt."""
-    ids, pos, t = [], [], 0
-    for c in chunks:
-        if c.kind == "text":
-            ids += c.ids
-            pos.append(np.tile(np.arange(t, t + len(c.ids)), (3, 1)))
-            t += len(c.ids)
-        else:
-            ids += [-1] * c.n_tokens
-            pos.append(c.pos[:3])
-            t += c.n_pos
-    return ids, np.concatenate(pos, 1)
-
-
 def _hf_layout(ck, ref, imgs, question, downsample=None):
     """transformers' processor output and get_rope_index positions [3, n] for the chat."""
     proc = hf_processor(ck, downsample)
@@ -135,7 +120,7 @@ def _hf(ck, ref, imgs, question, downsample=None):
 
 
 def _check_layout(chunks, want, rope):
-    ids, pos = _flat(chunks)
+    ids, pos = flat_prompt(chunks)
     hf_ids = want["input_ids"][0].tolist()
     assert len(ids) == len(hf_ids)
     assert [a for a in ids if a >= 0] == [b for a, b in zip(ids, hf_ids) if a >= 0]  # the text around images
