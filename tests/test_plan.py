@@ -166,6 +166,29 @@ def test_spark_x2_splits_layers_over_rpc_worker_first(real):
     assert rpc.use["kv"] + local.use["kv"] == 5 * GIB
 
 
+def test_rpc_devices_are_named_as_planned(real, tmp_path):
+    """With RPC the server is told exactly the planned devices (RPC first, as the runtime orders them); the projector
+    stays on the local GPU and the draft where the plan put it, never on a worker by default; `--rpc local` gives
+    the workers the GPUs after the server's own, wrapping around on a box with fewer."""
+    from ggufbridge.runtime import rpc, server as sv
+
+    x2 = load_recipe("spark-x2")
+    plan = pl.make_plan(with_weights(real, 65), x2)
+    assert sv.plan_devices(x2, plan) == [("RPC0", "rpc0"), ("CUDA0", "gpu0 (unified)")]
+    assert sv.device_args(x2, plan, mmproj=True, draft=True) == [
+        "--device", "RPC0,CUDA0", "--mmproj-device", "CUDA0", "--device-draft", "CUDA0"]
+    # every layer on two workers and no local GPU (one rpc-server per GPU): the projector is not offloaded
+    (tmp_path / "w2.toml").write_text('base = "h200"\nname = "w2"\n[memory]\ngpu_gib = []\n'
+                                      '[rpc]\nworkers = 2\nworker_gib = 139\nworker_headroom_gib = 4\n')
+    w2 = load_recipe(str(tmp_path / "w2.toml"))
+    plan2 = pl.make_plan(with_weights(real, 65), w2)
+    assert sv.device_args(w2, plan2, mmproj=True, draft=False) == ["--device", "RPC0,RPC1", "--mmproj-device", "none"]
+    assert rpc.worker_devices(1, 1, ["CUDA0", "CUDA1"]) == ["CUDA1"]  # spark-x2 on a two-GPU box
+    assert rpc.worker_devices(2, 0, ["CUDA0", "CUDA1"]) == ["CUDA0", "CUDA1"]
+    assert rpc.worker_devices(2, 0, ["CUDA0"]) == ["CUDA0", "CUDA0"]  # one GPU holds both
+    assert rpc.worker_devices(2, 0, []) == [None, None]  # CPU: the worker's own default
+
+
 def test_shape_from_gguf_matches_the_writer(tmp_path):
     path = tmp_path / "t.gguf"
     write_qwen35moe(path, layer_types="LFLLF", n_head_kv=2, head_dim=32, n_rot=8, d_state=16, n_group=2,

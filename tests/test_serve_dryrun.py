@@ -62,6 +62,7 @@ def test_dry_run(model_dir, name, draft):
     assert int(_flag(argv, "-ngl")) == (0 if recipe.backend == "cpu" else 5)  # tiny target: 4 blocks + head
     if recipe.rpc["workers"]:
         assert _flag(argv, "--rpc") == "WORKER0:50052" and _flag(argv, "--tensor-split")
+        assert _flag(argv, "--device") == "RPC0,CUDA0"  # the planned devices, the worker first
         assert "ggml-rpc-server --host WORKER0 --port 50052" in out and "never bind 0.0.0.0" in out
     else:
         assert "--rpc" not in argv
@@ -78,12 +79,16 @@ def test_dry_run(model_dir, name, draft):
         assert f"needs the {recipe.backend} backend" in out
 
     # the pinned llama-server's own parser accepts every flag and value (--version exits after parsing them;
-    # --rpc is left out because its parser connects to the worker)
+    # --rpc is left out because its parser connects to the worker, and the devices it would name are then
+    # unknown: their flags are checked with `none`)
     rt = loc.locate()
     parse = list(argv)
     if "--rpc" in parse:
         i = parse.index("--rpc")
         del parse[i:i + 2]
+        for flag in ("--device", "--mmproj-device", "--device-draft"):
+            if flag in parse:
+                parse[parse.index(flag) + 1] = "none"
     p = subprocess.run([str(rt.tool("llama-server")), *parse[1:], "--version"], capture_output=True, text=True,
                        env=rt.env(), timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -163,3 +163,33 @@ def test_rpc_local_needs_a_recipe_with_workers(model_dir):
     res = CliRunner().invoke(cli, ["serve", str(model_dir), "--recipe", "cpu", "--rpc", "local"])
     assert res.exit_code == 2
     assert "--rpc local: recipe cpu has no RPC workers" in res.stderr
+
+
+@pytest.mark.parametrize("ngl", [3, 5])
+def test_plan_places_each_layer_where_the_runtime_does(model_dir, tmp_path, ngl):
+    """The planner's layer map against llama.cpp's own (`load_tensors: layer N assigned to device D`, logged with
+    -v): -ngl counts the output layer and the split points are the runtime's float32 ones. With -ngl 3 on the
+    tiny 4-block target the first two blocks stay on the host and the output goes to the second worker (the old
+    planner put blocks 1-3 on the workers and the output on the host)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ggufbridge.cli import cli
+
+    recipe = tmp_path / "x2.toml"
+    recipe.write_text(RECIPE.replace('extra_args = ["-lv", "4"]', f'n_gpu_layers = {ngl}\nextra_args = ["-v"]'))
+    res = CliRunner().invoke(cli, ["plan", str(model_dir), "--recipe", str(recipe), "--json"])
+    assert res.exit_code == 0, res.output
+    planned = json.loads(res.stdout)["layers"]
+    log = tmp_path / "server.log"
+    s = Serve(model_dir, recipe, log, "--rpc", "local")
+    try:
+        s.ready()
+    finally:
+        s.kill_all()
+    seen = {int(i): dev for i, dev in re.findall(r"load_tensors: layer +(\d+) assigned to device (\w+)",
+                                                 log.read_text(errors="replace"))}
+    names = {"host": "CPU", "rpc0": "RPC0", "rpc1": "RPC1"}
+    assert [seen[i] for i in range(len(planned))] == [names[p] for p in planned]
+    assert len(set(planned)) == (3 if ngl == 3 else 2)

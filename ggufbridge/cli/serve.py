@@ -27,7 +27,7 @@ from ggufbridge.runtime.session import prepare
 @click.option("--api-key", default=None, envvar="GGUFBRIDGE_API_KEY", help="Require this bearer key.")
 @click.option("--rpc", default=None, metavar="HOST:PORT[,...]|local",
               help="RPC worker endpoints (spark-x2), or `local`: start the recipe's workers on this machine on "
-                   "127.0.0.1 (one per GPU with CUDA) and stop them with this command.")
+                   "127.0.0.1 (each on its own GPU where there are enough) and stop them with this command.")
 @opt.threads()
 @opt.llama_bin()
 @click.option("--media-path", type=click.Path(file_okay=False, exists=True), default=None,
@@ -89,8 +89,7 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         """--rpc local: the workers on loopback, then the server command that names their real ports."""
         if local:
             log.parent.mkdir(parents=True, exist_ok=True)
-            pool.extend(rpcw.start_workers(s.rt.tool("ggml-rpc-server"), workers, log.parent,
-                                           backend=s.recipe.backend, env=s.rt.env(), threads=threads))
+            pool.extend(rpcw.start_local(s, log.parent, threads=threads))
             opts.rpc = [w.endpoint for w in pool]
             for i, w in enumerate(pool):
                 click.echo(f"RPC worker {i}: {w.endpoint} (log {w.log})")

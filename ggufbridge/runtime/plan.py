@@ -22,7 +22,9 @@ Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
 
 from __future__ import annotations
 
+import bisect
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,6 +289,7 @@ class Plan:
     pools: list[Pool]
     figures: dict
     notes: list[str]
+    layers: list[str] = field(default_factory=list)  # pool of each block, then of the output layer
 
     @property
     def fits(self) -> bool:
@@ -316,7 +319,7 @@ class Plan:
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "ctx": self.ctx, "n_gpu_layers": self.n_gpu_layers,
                 "n_cpu_moe": self.n_cpu_moe, "tensor_split": self.tensor_split, "fits": self.fits,
-                "figures": self.figures, "notes": self.notes,
+                "figures": self.figures, "notes": self.notes, "layers": self.layers,
                 "pools": [{"name": p.name, "budget": p.budget, "use": p.use, "total": p.total} for p in self.pools]}
 
 
@@ -341,19 +344,32 @@ def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool]:
     return rpc + gpus, host
 
 
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _tensor_split(devices: list[Pool]) -> list[float] | None:
+    """What the server is given as --tensor-split: each device's budget in whole GiB (one device: none)."""
+    return [float(d.budget // GIB) for d in devices] if len(devices) > 1 else None
+
+
 def _assign(devices: list[Pool], n_layer: int, ngl: int) -> list[int | None]:
-    """Device index of each block (None = host) for -ngl ngl, split proportionally to the budgets."""
-    n_off = min(ngl, n_layer) if devices else 0
-    start = n_layer - n_off
-    total = sum(d.budget for d in devices) or 1
+    """Device index (None = host) of each block and, last, of the output layer, for -ngl ngl and the plan's
+    --tensor-split, exactly as llama_model::load_tensors assigns them (src/llama-model.cpp:1556-1614, in float32):
+    -ngl counts the output layer, so -ngl n keeps the first n_layer + 1 - n blocks on the host."""
+    start = max(n_layer + 1 - ngl, 0)
+    act = min(ngl, n_layer + 1) if devices else 0
     cum, acc = [], 0.0
-    for d in devices:
-        acc += d.budget / total
+    for x in _tensor_split(devices) or [1.0] * len(devices):
+        acc = _f32(acc + x)
         cum.append(acc)
-    out: list[int | None] = [None] * n_layer
-    for il in range(start, n_layer):
-        frac = (il - start) / n_off
-        out[il] = next((i for i, c in enumerate(cum) if frac < c - 1e-12), len(devices) - 1)
+    cum = [_f32(c / acc) for c in cum]
+    out: list[int | None] = [None] * (n_layer + 1)
+    for il in range(n_layer + 1):
+        if il < start or il - start >= act:
+            continue
+        frac = _f32(_f32(il - start) / act)
+        out[il] = min(bisect.bisect_right(cum, frac), len(devices) - 1)  # std::upper_bound
     return out
 
 
@@ -365,14 +381,14 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     notes: list[str] = []
     pools = list(devices) + ([host] if host not in devices else [])
     where = _assign(devices, target.n_layer, ngl)
-    dev = [devices[w] if w is not None else host for w in where]
+    dev = [devices[w] if w is not None else host for w in where[:-1]]
     cells = -(-ctx // KV_PAD) * KV_PAD
     n_rs_seq = drf["n_max"] if draft else 0
     slots, snapshots = srv["parallel"], 1 + n_rs_seq
     tk, tv = srv["cache_type_k"], srv["cache_type_v"]
 
     host.use["weights"] += target.input_bytes
-    out_pool = devices[-1] if devices and ngl > target.n_layer else host
+    out_pool = devices[where[-1]] if where[-1] is not None else host
     out_pool.use["weights"] += target.output_bytes
     state_layer = target.state_layer_bytes()
     for il in range(target.n_layer):
@@ -403,10 +419,11 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     if mmproj_bytes:
         local_gpus = [d for d in devices if not d.name.startswith("rpc")]
         (local_gpus[0] if local_gpus and srv["mmproj_offload"] else host).use["mmproj"] += mmproj_bytes
-    _add_compute(recipe, target, devices, host, dev, cells, n_cpu_moe)
-    split = [float(d.budget // GIB) for d in devices] if len(devices) > 1 else None
+    _add_compute(recipe, target, devices, host, dev + [out_pool], cells, n_cpu_moe)
+    split = _tensor_split(devices)
     return Plan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
-                tensor_split=split, pools=pools, figures=figures, notes=notes)
+                tensor_split=split, pools=pools, figures=figures, notes=notes,
+                layers=[d.name for d in dev] + [out_pool.name])
 
 
 def _add_compute(recipe: Recipe, target: TargetShape, devices: list[Pool], host: Pool, dev: list[Pool], cells: int,

@@ -28,6 +28,9 @@ from ggufbridge.runtime.plan import Plan
 from ggufbridge.runtime.recipes import Recipe
 
 PR_SET_PDEATHSIG = 1
+# llama.cpp's device names (ggml_backend_dev_name): local GPU i of a backend is PREFIX<i>, RPC worker i is RPC<i>
+DEVICE_PREFIX = {"cuda": "CUDA", "metal": "MTL", "vulkan": "Vulkan", "hip": "ROCm", "sycl": "SYCL"}
+_POOL = re.compile(r"^(rpc|gpu)(\d+)\b")
 _HOSTPORT = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
 
 
@@ -75,7 +78,8 @@ def _common_args(recipe: Recipe, plan: Plan, art: Artifacts, opts: ServeOptions)
     if plan.tensor_split:
         a += ["--tensor-split", ",".join(f"{x:g}" for x in plan.tensor_split)]
     if opts.rpc:
-        a += ["--rpc", ",".join(opts.rpc)]
+        a += ["--rpc", ",".join(opts.rpc)] + device_args(recipe, plan, mmproj=art.mmproj is not None,
+                                                         draft=opts.draft)
     threads = opts.threads or srv["threads"]
     if threads:
         a += ["-t", str(threads)]
@@ -95,6 +99,32 @@ def _common_args(recipe: Recipe, plan: Plan, art: Artifacts, opts: ServeOptions)
         if drf["p_min"] > 0:
             a += ["--spec-draft-p-min", f"{drf['p_min']:g}"]
     return a + list(srv["extra_args"]) + list(opts.extra)
+
+
+def plan_devices(recipe: Recipe, plan: Plan) -> list[tuple[str, str]]:
+    """(llama.cpp device name, plan pool name) of each planned device, in the runtime's order (RPC first)."""
+    out = []
+    for p in plan.pools:
+        m = _POOL.match(p.name)
+        if m and (m.group(1) == "rpc" or recipe.backend in DEVICE_PREFIX):
+            out.append((("RPC" if m.group(1) == "rpc" else DEVICE_PREFIX[recipe.backend]) + m.group(2), p.name))
+    return out
+
+
+def device_args(recipe: Recipe, plan: Plan, *, mmproj: bool, draft: bool) -> list[str]:
+    """With RPC workers, exactly the planned devices. Left to itself the runtime also takes every local GPU the
+    plan did not count (on a box of several GPUs, the ones `--rpc local` gave the workers), and the projector and
+    the draft follow the first device, which is a worker: over the network, against the plan."""
+    devs = plan_devices(recipe, plan)
+    if not devs:
+        return []
+    a = ["--device", ",".join(name for name, _ in devs)]
+    local = [name for name, pool in devs if not pool.startswith("rpc")]
+    if mmproj:
+        a += ["--mmproj-device", local[0] if local and recipe.server["mmproj_offload"] else "none"]
+    if draft and recipe.draft["n_gpu_layers"] != 0:
+        a += ["--device-draft", devs[-1][0]]  # the plan puts the draft on the last device
+    return a
 
 
 def _reasoning_args(recipe: Recipe, opts: ServeOptions) -> list[str]:

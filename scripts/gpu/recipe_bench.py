@@ -31,6 +31,7 @@ from pathlib import Path
 
 
 from ggufbridge.runtime import bench as bn
+from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.session import prepare
 
@@ -46,38 +47,47 @@ class GpuSampler:
     """Peak of nvidia-smi's memory.used (MiB) per GPU, every 100 ms, in a background thread; absent GPUs: None."""
 
     def __init__(self):
-        self.peak: list[int] | None = None
         self.proc = None
+        self.n = len(gpu_used_now() or [])
+        if not self.n:
+            return
         try:
             self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
                                           "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
             return
         self.lock = threading.Lock()
-        self.rows: list[int] = []
+        self.peaks = [0] * self.n
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
+        i = 0  # nvidia-smi prints one line per GPU per sample, in index order
         for line in self.proc.stdout:
             try:
                 v = int(line.strip())
             except ValueError:
                 continue
             with self.lock:
-                self.rows.append(v)
+                self.peaks[i % self.n] = max(self.peaks[i % self.n], v)
+            i += 1
 
     def reset(self) -> None:
         if self.proc:
             with self.lock:
-                self.rows.clear()
+                self.peaks = [0] * self.n
 
-    def max(self) -> int | None:
-        """The highest reading since the last reset (all GPUs together)."""
+    def per_gpu(self) -> list[int] | None:
+        """The highest reading of each GPU since the last reset."""
         if not self.proc:
             return None
         time.sleep(0.3)
         with self.lock:
-            return max(self.rows) if self.rows else None
+            return list(self.peaks)
+
+    def max(self) -> int | None:
+        """The sum of the GPUs' peaks (one GPU: its peak)."""
+        p = self.per_gpu()
+        return sum(p) if p else None
 
     def close(self):
         if self.proc:
@@ -133,10 +143,10 @@ def user_recipe(base: str, overrides: str, dest: Path) -> str:
     return str(f)
 
 
-def start(s, *, draft=False, log: Path, extra=()):
+def start(s, *, draft=False, log: Path, extra=(), rpc=()):
     host, port = "127.0.0.1", sv.free_port()
     # -lv 4: libllama's buffer lines and the exit memory breakdown are logged at that verbosity
-    opts = sv.ServeOptions(host=host, port=port, draft=draft, extra=["-lv", "4", *extra])
+    opts = sv.ServeOptions(host=host, port=port, draft=draft, rpc=list(rpc), extra=["-lv", "4", *extra])
     argv = sv.server_argv(s.rt.bin_dir / "llama-server", s.recipe, s.plan, s.art, opts)
     return sv.Server(argv, host, port, log, env=s.rt.env()), argv
 
@@ -147,10 +157,15 @@ def cmd_measure(a) -> None:
     if s.problems:
         sys.exit(" | ".join(s.problems))
     log = a.logdir / f"server-{a.tag}.log"
-    srv, argv = start(s, log=log)
+    workers = []
+    if s.recipe.rpc["workers"]:  # as `serve --rpc local`: loopback workers placed beside the server's own GPUs
+        (a.logdir / a.tag).mkdir(exist_ok=True)
+        workers = rpcw.start_local(s, a.logdir / a.tag)
+    srv, argv = start(s, log=log, rpc=[w.endpoint for w in workers])
     rec = {"tag": a.tag, "recipe": s.recipe.name, "model": str(s.art.target.path), "file_bytes":
            s.art.target.path.stat().st_size, "ctx": s.plan.ctx, "plan": s.plan.to_dict(), "command":
-           sv.printable(argv), "gpu_baseline_mib": base, "rows": []}
+           sv.printable(argv), "workers": [sv.printable(w.proc.args) for w in workers], "gpu_baseline_mib": base,
+           "rows": []}
     print(f"[{a.tag}] {rec['command']}", flush=True)
     print(s.plan.format(), flush=True)
     sampler = GpuSampler()
@@ -168,7 +183,8 @@ def cmd_measure(a) -> None:
             ttft, _, t = bn.complete_stream(srv.url, ids, a.n_predict)
             row = {"prompt_tokens": n, "prefill_tok_s": t["prompt_per_second"],
                    "decode_tok_s": t["predicted_per_second"], "ttft_s": ttft, "predicted": t["predicted_n"],
-                   "gpu_peak_mib": sampler.max(), "server_rss_peak_mib": rss_mib(srv.proc.pid)}
+                   "gpu_peak_mib": sampler.max(), "gpu_peak_mib_per_gpu": sampler.per_gpu(),
+                   "server_rss_peak_mib": rss_mib(srv.proc.pid)}
             rec["rows"].append(row)
             print(f"[{a.tag}] {json.dumps(row)}", flush=True)
     except Exception as e:  # record what was measured, and why it stopped
@@ -176,8 +192,10 @@ def cmd_measure(a) -> None:
         print(f"[{a.tag}] error: {rec['error']}", flush=True)
     finally:
         rec["gpu_peak_mib"] = sampler.max()
+        rec["gpu_peak_mib_per_gpu"] = sampler.per_gpu()
         sampler.close()
         srv.stop(60)
+        rpcw.stop_workers(workers)
     rec["log"] = parse_log(log.read_text(errors="replace"))
     append(a.json, rec)
     print(f"[{a.tag}] log accounting {json.dumps(rec['log'])}", flush=True)

@@ -9,6 +9,10 @@
 #   draft   drafting economics on the full-shape oracle pair (acceptance as a knob), n_max 2..15
 #   verify  the current planner's own choices for rtx4090, measured: Q4_K_M (--n-cpu-moe as planned) and hq4 whole
 #   spark   decode speed of the Spark candidates (spark recipe): hq4, Q6_K, Q8_0, BF16
+#   rpc     llama.cpp RPC at full shape (Q8_0), as `serve --rpc local` runs it, against the same file on one GPU:
+#           the server's GPU + one loopback worker on the next GPU (spark-x2's topology), and every layer on two
+#           workers, one per GPU. On nvidia-h200-x2 each side has its own GPU; on one GPU both share it (the
+#           RPC traffic and the layer split are real, the second GPU is not): the tag says how many there were.
 #   scripts/gpu/recipes_h200.sh STEP...
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 JOBS=${JOBS:-16}
@@ -59,5 +63,15 @@ spark)
   $RB measure $M/q8 --recipe spark --tag spark-q8_0 --lengths 1k,32k --json $J --logdir $L
   $RB measure $S/bf16 --recipe spark --tag spark-bf16 --lengths 1k,32k --json $J --logdir $L
   rm -rf $M/q8; gen $M/q6k --quant q6_k --no-draft; $RB measure $M/q6k --recipe spark --tag spark-q6k --lengths 1k,32k --json $J --logdir $L ;;
+rpc)
+  gen $M/q8 --quant q8_0 --no-draft
+  ls $M/q8/mmproj-* >/dev/null 2>&1 || python3 scripts/make_fullsize_mmproj.py $M/q8 2>&1 | tail -1  # its device
+  G=$(nvidia-smi -L | wc -l); R=/root/rpc-recipes; mkdir -p $R
+  printf 'base = "h200"\nname = "h200-host+1"\n[rpc]\nworkers = 1\nworker_gib = 139\nworker_headroom_gib = 4\n' > $R/host1.toml
+  printf 'base = "h200"\nname = "h200-2workers"\n[memory]\ngpu_gib = []\n[rpc]\nworkers = 2\nworker_gib = 139\nworker_headroom_gib = 4\n' > $R/w2.toml
+  for cfg in h200:one-gpu $R/host1.toml:host+1worker $R/w2.toml:2workers; do
+    $RB measure $M/q8 --recipe ${cfg%%:*} --tag rpc-q8_0-${G}gpu-${cfg##*:} --ctx 65536 --lengths 1k,32k \
+      --json $O/rpc-h200.json --logdir $L
+  done ;;
 esac; keep_logs; done
 t done
