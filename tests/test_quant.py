@@ -202,6 +202,20 @@ def test_requantising_is_refused_unless_allowed(tiny_bf16, tmp_path):
         quantize_file(q8, tmp_path / "x.gguf", quant="Q4_K_M")
 
 
+def test_tool_output_that_is_not_utf8_is_no_crash(tiny_bf16, tmp_path):
+    """llama-quantize echoes tensor names as raw bytes; one that is not UTF-8 (GGUF strings are untrusted input)
+    was a UnicodeDecodeError traceback while reading the tool's output."""
+    _, src = tiny_bf16
+    raw = src.read_bytes()
+    i = raw.index(b"output_norm.weight")
+    bad = tmp_path / "bad-name.gguf"
+    bad.write_bytes(raw[:i] + b"output_norm.w\x84ight" + raw[i + len(b"output_norm.weight"):])  # same length
+    res = CliRunner().invoke(cli, ["quantize", str(bad), "-o", str(tmp_path / "o.gguf"), "--quant", "Q8_0"])
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output and res.exception is None, repr(res.exception)
+    assert (tmp_path / "o.gguf").exists()
+
+
 @pytest.mark.parametrize("types, message", [
     ({"experts_gate_up": "Q4_K"}, "missing"),
     ({"bogus": "Q4_K"}, "unknown tensor class"),

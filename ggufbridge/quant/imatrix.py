@@ -79,7 +79,7 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
         # keeps them (that is where the reason for a failure is)
         logfile = Path(tmp) / "imatrix.log"
         try:
-            p = subprocess.run(argv + ["--log-file", str(logfile)], capture_output=True, text=True,
+            p = subprocess.run(argv + ["--log-file", str(logfile)], capture_output=True, text=True, errors="replace",
                                env=runtime.env(), input="")
         except OSError as e:
             raise QuantError(f"cannot run {exe}: {e}") from None

@@ -162,7 +162,7 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
         argv += [str(src), str(dst), ftype, str(threads or _default_threads())]
         log.info("quantising %s → %s (%s)", src.name, dst.name, label)
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=runtime.env(),
+            p = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=runtime.env(),
                                input="")  # a pipe, not /dev/null: the tools log nothing with stdin on /dev/null
         except OSError as e:
             raise QuantError(f"cannot run {exe}: {e}") from None
