@@ -26,7 +26,10 @@ BACKENDS = ("cpu", "cuda", "metal", "vulkan", "hip", "sycl")
 MAX_DRAFT_N = 15  # DSpark block length upstream is 16 with the anchor slot; the EXL3 recipes draft at most 15
 
 
-def _int(lo=None, hi=None):
+INT32_MAX = 2**31 - 1  # llama-server parses its integer arguments with std::stoi
+
+
+def _int(lo=None, hi=INT32_MAX):
     def check(key, v):
         if isinstance(v, bool) or not isinstance(v, int):
             raise RecipeError(f"{key}: expected an integer, found {v!r}")
@@ -36,10 +39,12 @@ def _int(lo=None, hi=None):
     return check
 
 
-def _num(lo=0.0):
+def _num(lo=0.0, hi=None):
     def check(key, v):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
             raise RecipeError(f"{key}: expected a number >= {lo}, found {v!r}")
+        if hi is not None and v > hi:
+            raise RecipeError(f"{key}: expected a number in [{lo}, {hi}], found {v!r}")
         return float(v)
     return check
 
@@ -101,7 +106,7 @@ SCHEMA = {
     },
     "draft": {
         "ctx_cap": (_int(256), 8192), "n_max": (_int(1, MAX_DRAFT_N), 8), "n_min": (_int(0), 0),
-        "p_min": (_num(), 0.0), "n_gpu_layers": (_layers, "all"),
+        "p_min": (_num(0.0, 1.0), 0.0), "n_gpu_layers": (_layers, "all"),
         "cache_type_k": (_choice(tuple(KV_TYPES)), "f16"), "cache_type_v": (_choice(tuple(KV_TYPES)), "f16"),
     },
     "rpc": {
