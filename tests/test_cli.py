@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -213,3 +214,23 @@ def test_usage_errors_exit_2():
     assert res.exit_code == 2 and "Missing argument" in res.output
     res = CliRunner().invoke(cli, ["serve", "x", "--threads", "0"])
     assert res.exit_code == 2 and "--threads" in res.output
+
+
+def _int_options():
+    for name in sorted(COMMANDS):
+        for p in cli.get_command(None, name).params:
+            if isinstance(p.type, click.IntRange) or p.type is click.INT:
+                yield name, p
+
+
+@pytest.mark.parametrize("name, param", list(_int_options()), ids=lambda x: getattr(x, "name", x))
+def test_every_integer_option_is_bounded_by_int32(name, param):
+    """Integers reach llama.cpp as C ints (std::stoi) or GGUF/ctypes int32: 1e11 for -n, --threads, --ctx or
+    --reasoning-budget passed click and died in llama-server's start-up with its usage text."""
+    assert isinstance(param.type, click.IntRange) and param.type.max is not None \
+        and param.type.max <= 2**31 - 1, (name, param.opts, param.type)
+
+
+def test_an_integer_too_large_for_the_runtime_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(cli, ["run", str(tmp_path), "-p", "hi", "-n", "100000000000"])
+    assert res.exit_code == 2 and "100000000000 is not in the range 1<=x<=2147483647" in res.output, res.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ggufbridge.cli._options import INT32_MAX
 from ggufbridge.cli.compare import check_eval_choice, eval_options
 
 
@@ -13,9 +14,9 @@ from ggufbridge.cli.compare import check_eval_choice, eval_options
                    "through transformers, downloaded first; also written hf:hf://...).")
 @eval_options
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Output .safetensors.")
-@click.option("--top-k", type=click.IntRange(min=5), default=256, show_default=True,
+@click.option("--top-k", type=click.IntRange(5, INT32_MAX), default=256, show_default=True,
               help="Log-probabilities kept per position (plus the log-mass of the rest).")
-@click.option("--samples", type=click.IntRange(min=0), default=64, show_default=True,
+@click.option("--samples", type=click.IntRange(0, INT32_MAX), default=64, show_default=True,
               help="Tokens drawn per position from the rest of the distribution (0: top-K only, KL a lower bound).")
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
               help="Also write the eval rows as token ids (JSONL), for --eval on another machine.")
