@@ -216,6 +216,35 @@ def test_tool_output_that_is_not_utf8_is_no_crash(tiny_bf16, tmp_path):
     assert (tmp_path / "o.gguf").exists()
 
 
+@pytest.mark.parametrize("how", ["same path", "symlink", "--fit-bytes"])
+def test_output_that_is_the_source_is_refused(tiny_bf16, tmp_path, how):
+    """`quantize F16.gguf -o F16.gguf` replaced the user's source file with the quantised one."""
+    _, shared = tiny_bf16
+    src = tmp_path / "src.gguf"
+    src.write_bytes(shared.read_bytes())
+    before = src.read_bytes()
+    dst = src
+    if how == "symlink":
+        dst = tmp_path / "link.gguf"
+        dst.symlink_to(src)
+    args = ["--fit-bytes", "1GB", "--ctx", "0"] if how == "--fit-bytes" else ["--quant", "Q8_0"]
+    res = CliRunner().invoke(cli, ["quantize", str(src), "-o", str(dst), *args])
+    assert res.exit_code == 2, res.output
+    assert "is the input" in res.output and "Traceback" not in res.output, res.output
+    assert src.read_bytes() == before
+
+
+def test_imatrix_output_that_is_an_input_is_refused(tiny_bf16, tmp_path):
+    _, src = tiny_bf16
+    text = tmp_path / "cal.txt"
+    text.write_text(" ".join(f"line {i}: some words to calibrate with." for i in range(300)))
+    before = {p: p.read_bytes() for p in (src, text)}
+    for out in (src, text):
+        res = CliRunner().invoke(cli, ["imatrix", str(src), "--text", str(text), "-o", str(out), "--ctx", "64"])
+        assert res.exit_code == 2 and "is the input" in res.output, res.output
+    assert {p: p.read_bytes() for p in before} == before
+
+
 @pytest.mark.parametrize("types, message", [
     ({"experts_gate_up": "Q4_K"}, "missing"),
     ({"bogus": "Q4_K"}, "unknown tensor class"),

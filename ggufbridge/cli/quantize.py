@@ -59,7 +59,7 @@ def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference
         from ggufbridge.quant.optimise import fit_quantize
 
         mix_out = Path(mix_out) if mix_out else Path(dst).with_suffix(".mix.toml")
-        with all_or_nothing(dst) as tmp:
+        with all_or_nothing(dst, src, imatrix, calibration) as tmp:
             res, plan, sens = fit_quantize(src, tmp, fit_bytes=fit_bytes, hardware=fit_hw, ctx=ctx,
                                            calibration=calibration, reference=reference, imatrix=imatrix,
                                            work=work, mix_out=mix_out, threads=threads, progress=not as_json)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
-from ggufbridge.ggufio.writer import remove_stale_parts, tmp_name
+from ggufbridge.ggufio.writer import refuse_input_as_output, remove_stale_parts, tmp_name
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.recipes import QuantRecipe, load_quant_recipe
@@ -185,9 +185,11 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
 
 
 @contextmanager
-def all_or_nothing(dst):
+def all_or_nothing(dst, *inputs):
     """A temporary path beside `dst` to write into (first removing what a killed run left there), renamed to `dst`
-    once the block completes. On an error or an interrupt nothing is left under either name."""
+    once the block completes. On an error or an interrupt nothing is left under either name. `dst` may not be one
+    of `inputs`."""
+    refuse_input_as_output(dst, *inputs)
     final = Path(dst)
     remove_stale_parts(final.parent)
     tmp = tmp_name(final)
@@ -200,7 +202,7 @@ def all_or_nothing(dst):
 
 def quantize_to(src, dst, **kwargs) -> QuantResult:
     """`quantize_file` into `dst`, all or nothing (`all_or_nothing`)."""
-    with all_or_nothing(dst) as tmp:
+    with all_or_nothing(dst, src, kwargs.get("imatrix")) as tmp:
         res = quantize_file(src, tmp, **kwargs)
     res.path = Path(dst)
     res.report.path = str(dst)
