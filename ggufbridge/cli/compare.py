@@ -57,6 +57,8 @@ def command(ggufs, reference, eval_path, text_path, ctx, chunk, hf_dtype, floor,
     from ggufbridge.compare.run import compare, merge_file
 
     check_eval_choice(eval_path, text_path)
+    report.check_outputs([eval_path, text_path, reference, *ggufs, *merge_paths], json_path=json_path,
+                         md_path=md_path, plot_path=plot_path)
     cmp = compare(reference, list(ggufs), eval_path=eval_path, text_path=text_path, ctx=ctx, chunk=chunk, floor=floor,
                   hf_dtype=hf_dtype, progress=progress)
     for path in merge_paths:

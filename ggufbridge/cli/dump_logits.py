@@ -22,9 +22,11 @@ from ggufbridge.cli.compare import check_eval_choice, eval_options
               help="Also write the eval rows as token ids (JSONL), for --eval on another machine.")
 def command(model, eval_path, text_path, ctx, chunk, hf_dtype, floor, progress, out, top_k, samples, rows_out):
     """Store a model's top-K log-probabilities on an eval set, for `compare --reference logits:FILE` elsewhere."""
+    from ggufbridge.compare.report import check_outputs
     from ggufbridge.compare.run import dump_logits
 
     check_eval_choice(eval_path, text_path)
+    check_outputs([eval_path, text_path, model], out=out, rows_out=rows_out)
     meta = dump_logits(model, out, eval_path=eval_path, text_path=text_path, ctx=ctx, top_k=top_k, samples=samples,
                        chunk=chunk, floor=floor, hf_dtype=hf_dtype, progress=progress, rows_out=rows_out)
     click.echo(f"{out}: {len(meta['row_sha256'])} rows, top-{meta['top_k']} + {meta['samples']} samples of "
