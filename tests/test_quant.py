@@ -216,6 +216,23 @@ def test_tool_output_that_is_not_utf8_is_no_crash(tiny_bf16, tmp_path):
     assert (tmp_path / "o.gguf").exists()
 
 
+def test_a_full_disk_is_named_when_llama_quantize_fails(tiny_bf16, monkeypatch, tmp_path):
+    """llama-quantize says only "basic_ios::clear: iostream error" when its output cannot be written (a full disk
+    included); the error line adds the free space of the output's folder when it is less than the source's size.
+    The write fails here by a missing folder, the disk is made full by disk_usage."""
+    import shutil
+    from collections import namedtuple
+
+    from ggufbridge.quant import quantize_file
+
+    _, src = tiny_bf16
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(2**20, 2**20 - 4096, 4096))
+    dst = tmp_path / "absent" / "q.gguf"
+    with pytest.raises(QuantError, match=r"llama-quantize failed .*only 4\.00 KiB free in .*absent"):
+        quantize_file(src, dst, quant="Q8_0")
+
+
 @pytest.mark.parametrize("how", ["same path", "symlink", "--fit-bytes"])
 def test_output_that_is_the_source_is_refused(tiny_bf16, tmp_path, how):
     """`quantize F16.gguf -o F16.gguf` replaced the user's source file with the quantised one."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.recipes import QuantRecipe, load_quant_recipe
 from ggufbridge.quant.report import KEY_FALLBACKS, KEY_RECIPE, KEY_TYPE, QuantReport, quant_report
+from ggufbridge.units import human_size
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +171,8 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
     out = (p.stdout or "") + (p.stderr or "")
     if p.returncode != 0:
         dst.unlink(missing_ok=True)
-        raise QuantError(f"llama-quantize failed ({label}, exit {p.returncode}): {_error_line(out)}")
+        raise QuantError(f"llama-quantize failed ({label}, exit {p.returncode}): {_error_line(out)}"
+                         f"{_space_note(src, dst)}")
     if rec is None:
         fallbacks = [f"{m.group(1)}: rows of {m.group(2)} are not whole {m.group(4).upper()} blocks "
                      f"({m.group(3)}) → {m.group(5).upper()}" for m in _FALLBACK_RE.finditer(out)]
@@ -226,6 +229,17 @@ def _check_result(written: GGUFHeader, choices: list[TensorChoice], rec: QuantRe
         if got.get(c.name) != c.final:
             raise QuantError(f"{written.path}: {c.name} was stored as {got.get(c.name)}, recipe {rec.name} planned "
                              f"{c.final}")
+
+
+def _space_note(src: Path, dst: Path) -> str:
+    """llama-quantize reports a failed write (a full disk) only as "iostream error": name the free space when it is
+    less than the source's size (an upper bound of the output's for an unquantised source)."""
+    try:
+        free, need = shutil.disk_usage(dst.parent).free, src.stat().st_size
+    except OSError:
+        return ""
+    return (f" (only {human_size(free)} free in {dst.parent}; the output may need up to {human_size(need)})"
+            if free < need else "")
 
 
 def _error_line(out: str) -> str:
