@@ -73,6 +73,6 @@ def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, ima
         finally:
             sv.stop(proc)
         if code != 0 or not out_file.is_file():
-            raise ServerError(f"llama-cli failed (exit {code}); last log lines:\n{sv.log_tail(log)}")
+            raise ServerError(f"llama-cli failed (exit {code}): {sv.log_reason(log)}")
         # bytes, not read_text: universal newlines would turn a generated "\r" into "\n"
         click.echo(assistant_text(out_file.read_bytes().decode("utf-8", errors="replace")))

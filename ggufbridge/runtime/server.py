@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
 import re
 import shlex
@@ -26,6 +27,8 @@ from ggufbridge.errors import ServerError
 from ggufbridge.runtime.artifacts import Artifacts
 from ggufbridge.runtime.plan import Plan
 from ggufbridge.runtime.recipes import Recipe
+
+log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 _HOSTPORT = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
@@ -215,6 +218,27 @@ def log_tail(path: Path, n: int = 15) -> str:
     return "\n".join(lines[-n:])
 
 
+# llama.cpp's log lines: "0.01.673.542 E llama_model_load: error loading model: ..." (E: error level)
+_TAGGED_ERROR = re.compile(r"\d+\.\d+\.\d+\.\d+ E (.*)")
+
+
+def log_reason(path: Path) -> str:
+    """Why a llama.cpp tool stopped, in one line: its first error-level log line (the cause; later ones are the
+    consequences), else the first line that says error, else its last line. The whole tail goes to the debug log."""
+    tail = log_tail(path, 40)
+    log.debug("last lines of %s:\n%s", path, tail)
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    for ln in lines:
+        m = _TAGGED_ERROR.search(ln)
+        if m:
+            return " ".join(m.group(1).split())
+    said = [ln for ln in lines if "error" in ln.lower()]
+    return " ".join((said[0] if said else lines[-1] if lines else "(empty log)").split())
+
+
 def http_json(url: str, body: dict | None = None, api_key: str | None = None, timeout: float = 600.0):
     """(status, parsed JSON or text) for a GET (body None) or a JSON POST."""
     data = json.dumps(body).encode() if body is not None else None
@@ -261,8 +285,8 @@ class Server:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerError(f"llama-server exited with code {code} during start-up; last log lines "
-                                  f"({self.log_path}):\n{log_tail(self.log_path)}")
+                raise ServerError(f"llama-server exited with code {code} during start-up: "
+                                  f"{log_reason(self.log_path)} (log: {self.log_path})")
             try:
                 status, _ = http_json(self.url + "/health", timeout=2.0)
                 if status == 200:
@@ -271,8 +295,8 @@ class Server:
                 pass  # not listening yet
             if time.monotonic() > deadline:
                 self.stop()
-                raise ServerError(f"llama-server did not become healthy within {timeout:.0f} s; last log lines "
-                                  f"({self.log_path}):\n{log_tail(self.log_path)}")
+                raise ServerError(f"llama-server did not become healthy within {timeout:.0f} s: "
+                                  f"{log_reason(self.log_path)} (log: {self.log_path})")
             time.sleep(0.2)
 
     def stop(self, timeout: float = 10.0) -> int | None:
