@@ -357,3 +357,24 @@ def test_rows_out_carries_text_rows_to_another_run(ggufs, small_ckpt, tmp_path):
     ok("compare", ggufs["f32"], "--reference", f"logits:{dump}", "--eval", rows, "--ctx", 40, "--no-progress",
        "--json", tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["kl_mean"] < 1e-5
+
+
+def test_the_readme_glob_over_a_convert_folder(small_ckpt, eval_file, tmp_path, caplog):
+    """README: `compare OUT/*.gguf --reference ...`. A convert folder holds the mmproj too (and after `imatrix` an
+    imatrix.gguf): llama.cpp cannot load those as language models; compare was a ValueError traceback. They are
+    skipped with a warning; given alone they are refused in one line."""
+    from ggufbridge.convert import convert
+
+    out = tmp_path / "out"
+    convert(small_ckpt, out, outtype="f32", progress=False)
+    files = sorted(out.glob("*.gguf"))
+    assert [p.name.startswith("mmproj-") for p in files].count(True) == 1
+    ok("compare", *files, "--reference", f"gguf:{next(p for p in files if not p.name.startswith('mmproj-'))}",
+              "--eval", eval_file, "--ctx", CTX, "--no-progress", "--json", tmp_path / "r.json")
+    assert any("skipping" in r.getMessage() and "a mmproj GGUF" in r.getMessage() for r in caplog.records)
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert [Path(c["candidate"].removeprefix("gguf:")).name for c in r["results"]] == \
+        [p.name for p in files if not p.name.startswith("mmproj-")]
+    mmproj = next(p for p in files if p.name.startswith("mmproj-"))
+    refused("compare", mmproj, "--reference", f"gguf:{files[0]}", "--eval", eval_file, "--ctx", CTX,
+            "--no-progress", match="not a language model")

@@ -18,8 +18,8 @@ from tqdm import tqdm
 from ggufbridge.compare import evalset
 from ggufbridge.compare.evalset import Row
 from ggufbridge.compare.metrics import Accumulator, topk_form
-from ggufbridge.compare.sources import (LogitsSource, Source, hub_model, localize, open_source, parse_spec,
-                                       require_device_for)
+from ggufbridge.compare.sources import (LogitsSource, Source, gguf_role, hub_model, localize, open_source,
+                                       parse_spec, require_device_for)
 from ggufbridge.errors import GGUFBridgeError, LogitsMismatch
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,22 @@ def _read_rows(sources, eval_path, text_path, ctx):
     return rows, text
 
 
+def _language_models(candidates: list[str], labels: list[str]) -> tuple[list[str], list[str]]:
+    """`compare OUT/*.gguf` (the README's form) lists the folder's mmproj and imatrix too: they are skipped, with a
+    warning, unless nothing else is left (then the source refuses them in one line)."""
+    keep = []
+    for spec, label in zip(candidates, labels):
+        kind, path = parse_spec(spec)
+        role = gguf_role(path) if kind == "gguf" and path.is_file() else "target"
+        if role == "target":
+            keep.append((spec, label))
+        else:
+            log.warning("skipping %s: a %s GGUF, not a language model", path, role)
+    if not keep:
+        return candidates, labels
+    return [s for s, _ in keep], [label for _, label in keep]
+
+
 def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
             chunk: int | None = None, floor: bool | None = None, hf_dtype: str = "float32",
             progress: bool = False) -> Comparison:
@@ -149,6 +165,7 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
     reference, candidates = localize(reference, progress=progress), [localize(c, progress=progress) for c in candidates]
     for spec in (reference, *candidates):
         require_device_for(spec)
+    candidates, labels = _language_models(candidates, labels)
     bad = [c for c in candidates if parse_spec(c)[0] not in CANDIDATE_KINDS]
     if bad:
         raise GGUFBridgeError(f"candidates must be models ({', '.join(k + ':' for k in CANDIDATE_KINDS)}), "
