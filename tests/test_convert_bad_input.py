@@ -174,6 +174,11 @@ def vision_eps_negative(d):
     _edit_json(d / "config.json", lambda c: c["vision_config"].__setitem__("layer_norm_eps", -1.0))
 
 
+def chat_template_not_utf8(d):
+    # was: UnicodeDecodeError traceback from read_text
+    (d / "chat_template.jinja").write_bytes(b"\xff\xfe{{ messages }}")
+
+
 def pickle_instead_of_safetensors(d):
     s = _shards(d)[0]
     s.write_bytes(b"\x80\x04\x95" + b"\0" * 64)  # a pickle stream is never unpickled: its "header" is nonsense
@@ -205,6 +210,7 @@ CASES = {
     rms_eps_nan: "rms_norm_eps must be a positive number, found nan",
     rope_theta_negative: "rope_theta must be a positive number, found -1.0",
     vision_eps_negative: "layer_norm_eps must be a positive number, found -1.0",
+    chat_template_not_utf8: "chat_template.jinja: not UTF-8 text (invalid start byte at byte 0)",
     pickle_instead_of_safetensors: "header length 9766016 runs past the end of the 67 byte file",
 }
 

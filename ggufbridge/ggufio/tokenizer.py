@@ -160,7 +160,10 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
     template = cfg.get("chat_template")
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
-        template = jinja.read_text(encoding="utf-8")
+        try:
+            template = jinja.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{jinja}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if isinstance(template, list):  # named variants; the default one is the plain template
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
                         None)
