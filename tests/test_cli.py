@@ -234,3 +234,25 @@ def test_every_integer_option_is_bounded_by_int32(name, param):
 def test_an_integer_too_large_for_the_runtime_is_a_usage_error(tmp_path):
     res = CliRunner().invoke(cli, ["run", str(tmp_path), "-p", "hi", "-n", "100000000000"])
     assert res.exit_code == 2 and "100000000000 is not in the range 1<=x<=2147483647" in res.output, res.output
+
+
+@pytest.mark.parametrize("target, args", [
+    ("ggufbridge.compare.run.compare", ["compare", "a.gguf", "-r", "gguf:b.gguf", "--eval", "{ev}"]),
+    ("ggufbridge.compare.run.dump_logits", ["dump-logits", "-m", "gguf:a.gguf", "--eval", "{ev}", "-o", "{tmp}/d.st"]),
+    ("ggufbridge.cli.bench.prepare", ["bench", "{tmp}"]),
+    ("ggufbridge.cli.run.prepare", ["run", "{tmp}", "-p", "hi"]),
+    ("ggufbridge.cli.plan.prepare", ["plan", "{tmp}"]),
+    ("ggufbridge.demo.run_demo", ["demo"]),
+    ("ggufbridge.verify.verify", ["verify", "{tmp}"]),
+], ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_ctrl_c_is_exit_130_and_one_line_in_every_command(monkeypatch, tmp_path, target, args):
+    """Ctrl-C in compare, bench, run... was click's "Aborted!" and exit 1, the code the README keeps for bugs."""
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, interrupted)
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text('{"text": "hi"}\n')
+    res = CliRunner().invoke(cli, [a.format(ev=ev, tmp=tmp_path) for a in args])
+    assert res.exit_code == 130, (res.exit_code, res.output)
+    assert res.output.strip().splitlines() == [res.output.strip()] and "interrupted by SIGINT" in res.output
