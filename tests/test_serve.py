@@ -236,6 +236,18 @@ def test_port_in_use_is_refused(model_dir):
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize("host, message", [
+    ("nonsense.invalid", "--host nonsense.invalid: cannot listen there"),
+    ("192.0.2.1", "--host 192.0.2.1: cannot listen there"),  # TEST-NET-1: no interface of this machine has it
+])
+def test_a_host_that_is_not_this_machine_is_not_called_a_busy_port(model_dir, host, message):
+    """--host with an unknown name or another machine's address said "port 8080 ... is already in use"."""
+    res = CliRunner().invoke(cli, ["serve", str(model_dir), "--host", host, "--port", str(sv.free_port()),
+                                   "--ctx", "2048", "--api-key", "k"])
+    assert res.exit_code == 2, res.output
+    assert message in res.stderr and "already in use" not in res.stderr, res.stderr
+
+
 def _error_lines(res) -> list[str]:
     return [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith(("command:", "memory plan", "  "))]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import json
 import logging
 import os
@@ -192,16 +193,24 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def port_free(host: str, port: int) -> bool:
+def check_bindable(host: str, port: int) -> None:
+    """Raise ServerError unless llama-server could listen on host:port: the port taken, or a --host that is no
+    address of this machine (an unknown name, another machine's address), each said as what it is."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # same option the server sets, so a port in TIME_WAIT is not mistaken for one in use
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ServerError(f"port {port} on {host} is already in use; pick another with --port") from None
+            if e.errno == errno.EACCES:
+                raise ServerError(f"port {port} on {host}: permission denied (ports below 1024 need privileges); "
+                                  f"pick another with --port") from None
+            reason = e.strerror or str(e)
+            raise ServerError(f"--host {host}: cannot listen there ({reason}); expected an address of this machine, "
+                              f"e.g. 127.0.0.1 or 0.0.0.0") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -272,8 +281,7 @@ class Server:
         return f"http://{h}:{self.port}"
 
     def start(self) -> "Server":
-        if not port_free(self.host, self.port):
-            raise ServerError(f"port {self.port} on {self.host} is already in use; pick another with --port")
+        check_bindable(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_bytes(b"")
         self.proc = spawn(self.argv, env=self.env, log_path=self.log_path)
