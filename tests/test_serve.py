@@ -236,6 +236,14 @@ def test_port_in_use_is_refused(model_dir):
     assert "Traceback" not in res.output
 
 
+def test_run_with_a_prompt_longer_than_the_context_says_so(model_dir):
+    """llama-cli logs the refusal and exits 0 with an empty answer: run printed nothing and exited 0."""
+    prompt = " ".join(f"word{i}" for i in range(600))
+    res = CliRunner().invoke(cli, ["run", str(model_dir), "-p", prompt, "--ctx", "256", "-n", "2"])
+    assert res.exit_code == 2, res.output
+    assert "exceeds the available context size (256 tokens)" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("host, message", [
     ("nonsense.invalid", "--host nonsense.invalid: cannot listen there"),
     ("192.0.2.1", "--host 192.0.2.1: cannot listen there"),  # TEST-NET-1: no interface of this machine has it

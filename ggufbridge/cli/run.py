@@ -75,4 +75,8 @@ def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, ima
         if code != 0 or not out_file.is_file():
             raise ServerError(f"llama-cli failed (exit {code}): {sv.log_reason(log)}")
         # bytes, not read_text: universal newlines would turn a generated "\r" into "\n"
-        click.echo(assistant_text(out_file.read_bytes().decode("utf-8", errors="replace")))
+        answer = assistant_text(out_file.read_bytes().decode("utf-8", errors="replace"))
+        if not answer and sv.log_has_error(log):
+            # llama-cli refuses a turn (e.g. a prompt longer than the context) in its log and still exits 0
+            raise ServerError(f"llama-cli gave no answer: {sv.log_reason(log)}")
+        click.echo(answer)

@@ -231,6 +231,13 @@ def log_tail(path: Path, n: int = 15) -> str:
 _TAGGED_ERROR = re.compile(r"\d+\.\d+\.\d+\.\d+ E (.*)")
 
 
+def log_has_error(path: Path) -> bool:
+    try:
+        return any(_TAGGED_ERROR.search(ln) for ln in path.read_text(errors="replace").splitlines())
+    except OSError:
+        return False
+
+
 def log_reason(path: Path) -> str:
     """Why a llama.cpp tool stopped, in one line: its first error-level log line (the cause; later ones are the
     consequences), else the first line that says error, else its last line. The whole tail goes to the debug log."""
