@@ -236,12 +236,21 @@ def test_port_in_use_is_refused(model_dir):
     assert "Traceback" not in res.output
 
 
-def test_run_with_a_prompt_longer_than_the_context_says_so(model_dir):
-    """llama-cli logs the refusal and exits 0 with an empty answer: run printed nothing and exited 0."""
+@pytest.mark.parametrize("with_image", [False, True])
+def test_run_with_a_prompt_longer_than_the_context_says_so(model_dir, tmp_path, with_image):
+    """Text: llama-cli logs the refusal and exits 0 with an empty answer (run printed nothing and exited 0).
+    Image: the server's JSON error was shown as a Python dict repr."""
+    from PIL import Image
+
     prompt = " ".join(f"word{i}" for i in range(600))
-    res = CliRunner().invoke(cli, ["run", str(model_dir), "-p", prompt, "--ctx", "256", "-n", "2"])
+    extra = []
+    if with_image:
+        Image.new("RGB", (32, 32), "red").save(tmp_path / "i.png")
+        extra = ["--image", str(tmp_path / "i.png")]
+    res = CliRunner().invoke(cli, ["run", str(model_dir), "-p", prompt, "--ctx", "256", "-n", "2", *extra])
     assert res.exit_code == 2, res.output
     assert "exceeds the available context size (256 tokens)" in res.stderr, res.stderr
+    assert "{'" not in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("host, message", [
