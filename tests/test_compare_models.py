@@ -309,6 +309,11 @@ def test_bad_eval_sets_refused(ggufs, tmp_path):
             match="--floor needs an hf: reference")
     refused("compare", ggufs["q8_0"], "--reference", ref, "--eval", fine, "--text", fine, "--no-progress",
             match="exactly one of --eval")
+    binary = tmp_path / "latin1.txt"  # were UnicodeDecodeError tracebacks
+    binary.write_bytes("caf\xe9 au lait, na\xefve".encode("latin-1"))
+    for flag in ("--eval", "--text"):
+        refused("compare", ggufs["q8_0"], "--reference", ref, flag, binary, "--ctx", 8, "--no-progress",
+                match=f"{binary}: not UTF-8 text (invalid continuation byte at byte 3)")
 
 
 def test_exl3_without_cuda_says_so(ggufs, eval_file, tmp_path):

@@ -216,6 +216,13 @@ def test_bad_recipes_are_refused(tmp_path, body, message):
         load_recipe(str(f))
 
 
+def test_a_recipe_that_is_not_utf8_is_refused(tmp_path):
+    f = tmp_path / "r.toml"
+    f.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))  # was a UnicodeDecodeError traceback
+    with pytest.raises(RecipeError, match=r"r.toml: not UTF-8 text \(invalid continuation byte at byte 11\)"):
+        load_recipe(str(f))
+
+
 def test_user_recipe_extends_a_packaged_one(tmp_path):
     f = tmp_path / "mine.toml"
     f.write_text('base = "rtx4090"\nname = "my4090"\n[memory]\nhost_gib = 128\n[server]\nctx = 65536\n')

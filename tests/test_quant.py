@@ -283,6 +283,15 @@ def test_recipe_validation_names_expected_and_found(tmp_path, types, message):
         load_quant_recipe(str(p))
 
 
+def test_a_mix_that_is_not_utf8_is_refused(tmp_path):
+    from ggufbridge.quant.recipes import load_quant_recipe
+
+    f = tmp_path / "m.toml"
+    f.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))  # was a UnicodeDecodeError traceback
+    with pytest.raises(QuantError, match=r"m.toml: not UTF-8 text \(invalid continuation byte at byte 11\)"):
+        load_quant_recipe(str(f))
+
+
 def test_user_recipe_on_top_of_a_packaged_one(tmp_path):
     from ggufbridge.quant.recipes import load_quant_recipe
 

@@ -20,7 +20,8 @@ from ggufbridge.compare.evalset import Row
 from ggufbridge.compare.metrics import Accumulator, topk_form
 from ggufbridge.compare.sources import (LogitsSource, Source, gguf_role, hub_model, localize, open_source,
                                        parse_spec, require_device_for)
-from ggufbridge.errors import GGUFBridgeError, LogitsMismatch
+from ggufbridge.errors import EvalDataError, GGUFBridgeError, LogitsMismatch
+from ggufbridge.textfile import read_utf8
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def _read_rows(sources, eval_path, text_path, ctx):
     tok_src = _tokenizer_of(sources)
     tokenize = tok_src.tokenize if tok_src is not None else None
     rows = evalset.load_rows(eval_path=eval_path, text_path=text_path, ctx=ctx, tokenize=tokenize)
-    text = Path(text_path).read_text(encoding="utf-8") if text_path is not None else None
+    text = read_utf8(text_path, EvalDataError) if text_path is not None else None
     return rows, text
 
 

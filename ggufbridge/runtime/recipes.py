@@ -18,6 +18,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from ggufbridge.errors import RecipeError
+from ggufbridge.textfile import read_utf8
 
 # KV cache element types the runtime accepts for -ctk/-ctv (common/arg.cpp) -> GGML block size
 KV_TYPES = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "iq4_nl": 32, "q5_0": 32, "q5_1": 32}
@@ -143,7 +144,7 @@ def _load_raw(name_or_path: str) -> tuple[dict, str]:
     if name_or_path.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise RecipeError(f"recipe file {path} does not exist")
-        text, source = path.read_text(), str(path)
+        text, source = read_utf8(path, RecipeError), str(path)
     else:
         res = resources.files("ggufbridge").joinpath("recipes", f"{name_or_path}.toml")
         if not res.is_file():
