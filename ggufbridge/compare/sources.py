@@ -142,8 +142,7 @@ def gguf_role(path) -> str:
     from ggufbridge.ggufio.reader import read_header
     from ggufbridge.inspect import role_of
 
-    kv = read_header(path).kv
-    return "imatrix" if kv.get("general.type") == "imatrix" else role_of(kv)
+    return role_of(read_header(path).kv)
 
 
 class GGUFSource(Source):
