@@ -256,3 +256,10 @@ def test_ctrl_c_is_exit_130_and_one_line_in_every_command(monkeypatch, tmp_path,
     res = CliRunner().invoke(cli, [a.format(ev=ev, tmp=tmp_path) for a in args])
     assert res.exit_code == 130, (res.exit_code, res.output)
     assert res.output.strip().splitlines() == [res.output.strip()] and "interrupted by SIGINT" in res.output
+
+
+def test_a_negative_fit_context_is_named_by_the_option_given(tmp_path):
+    """convert --fit-ctx -5 said "--ctx must be at least 0" (quantize's spelling of the option)."""
+    res = CliRunner().invoke(cli, ["convert", str(tmp_path), "-o", str(tmp_path / "o"), "--fit-bytes", "1GB",
+                                   "--fit-ctx", "-5"])
+    assert res.exit_code == 2 and "'--fit-ctx': -5 is not in the range" in res.output, res.output

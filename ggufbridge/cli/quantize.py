@@ -19,7 +19,8 @@ from ggufbridge.cli._common import writes_files
                     "+ state <= this many bytes (--ctx 0: the file alone).")
 @click.option("--fit", "fit_hw", default=None, metavar="HARDWARE",
               help="KL-guided mix that fits a hardware recipe (e.g. rtx4090) fully on its GPU at --ctx.")
-@click.option("--ctx", type=click.IntRange(max=opt.INT32_MAX), default=None, help="Context to leave room for with --fit/--fit-bytes [8192].")
+@click.option("--ctx", type=click.IntRange(0, opt.INT32_MAX), default=None,
+              help="Context to leave room for with --fit/--fit-bytes [8192].")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="--fit*: calibration text (or eval .jsonl) for the sensitivity pass [packaged sample].")
 @click.option("--reference", default=None, metavar="hf:DIR|logits:FILE|gguf:FILE",
