@@ -383,3 +383,14 @@ def test_the_readme_glob_over_a_convert_folder(small_ckpt, eval_file, tmp_path, 
     mmproj = next(p for p in files if p.name.startswith("mmproj-"))
     refused("compare", mmproj, "--reference", f"gguf:{files[0]}", "--eval", eval_file, "--ctx", CTX,
             "--no-progress", match="not a language model")
+
+
+def test_a_chunk_longer_than_the_context_is_one_context(ggufs, eval_file, tmp_path):
+    """--chunk 10**8 allocated chunk × vocab floats (a MemoryError traceback at 100000 with the real vocabulary);
+    no row is longer than --ctx, so a chunk never needs to be."""
+    from ggufbridge.compare.run import compare
+
+    ref = f"gguf:{ggufs['f32']}"
+    base = compare(ref, [str(ggufs["q8_0"])], eval_path=eval_file, ctx=CTX)
+    huge = compare(ref, [str(ggufs["q8_0"])], eval_path=eval_file, ctx=CTX, chunk=10**8)
+    assert huge.results[0].summary["kl_mean"] == pytest.approx(base.results[0].summary["kl_mean"], rel=1e-6)

@@ -46,6 +46,11 @@ def _size_bytes(spec: str) -> int:
     return path.stat().st_size
 
 
+def _cap_chunk(chunk: int | None, ctx: int) -> int | None:
+    """No row is longer than ctx, so no chunk needs to be: a larger --chunk only sized buffers (chunk × vocab)."""
+    return None if chunk is None else min(chunk, ctx)
+
+
 def default_chunk(vocab_size: int, ctx: int) -> int:
     return max(1, min(ctx, CHUNK_ELEMENTS // max(1, vocab_size)))
 
@@ -161,6 +166,7 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
     """Compare each candidate (GGUF files; also exl3:/hf: models) against the reference on an eval set."""
     if not candidates:
         raise GGUFBridgeError("no candidate model given")
+    chunk = _cap_chunk(chunk, ctx)
     shown, labels = reference, [_label(c) for c in candidates]
     # hub models (hf://, ms://) are downloaded here, once, with progress; from then on they are hf: folders
     reference, candidates = localize(reference, progress=progress), [localize(c, progress=progress) for c in candidates]
@@ -283,6 +289,7 @@ def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = D
     if top_k < 5:
         raise GGUFBridgeError(f"--top-k must be at least 5 (top-5 overlap needs it), found {top_k}")
     require_device_for(model)
+    chunk = _cap_chunk(chunk, ctx)
     with open_source(model, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype) as src:
         chunk = chunk or default_chunk(src.vocab_size, ctx)
         rows, _ = _read_rows([src], eval_path, text_path, ctx)
