@@ -43,6 +43,9 @@ HYPERPARAMETERS = {
         ("rope sections", "{a}.rope.dimension_sections"), ("context", "{a}.context_length"),
         ("rms eps", "{a}.attention.layer_norm_rms_epsilon"),
     ],
+    "imatrix": [
+        ("chunks", "imatrix.chunk_count"), ("chunk size", "imatrix.chunk_size"), ("datasets", "imatrix.datasets"),
+    ],
     "mmproj": [
         ("projector", "clip.projector_type"), ("projector", "clip.vision.projector_type"),
         ("slice size", "clip.vision.image_size"), ("patch size", "clip.vision.patch_size"),
@@ -114,6 +117,8 @@ def _plain(v):
 
 
 def role_of(kv: dict) -> str:
+    if kv.get("general.type") == "imatrix":  # llama-imatrix's output: no architecture, per-tensor statistics
+        return "imatrix"
     arch = kv.get("general.architecture")
     if isinstance(arch, str) and arch in ROLES:
         return ROLES[arch]

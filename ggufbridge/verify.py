@@ -189,6 +189,10 @@ def verify(out_dir, source=None, draft=None) -> VerifyReport:
     if not out_dir.is_dir():
         raise ManifestError(f"{out_dir}: not a folder")
     manifest = read_manifest(out_dir)
+    if draft is not None and source is None:
+        raise ManifestError("--draft-source needs --source: the draft is converted against its target")
+    if draft is not None and "draft" not in manifest.files:
+        raise ManifestError(f"--draft-source: {out_dir}/manifest.json lists no draft to compare it with")
     report = VerifyReport(out_dir)
     _check_files(manifest, report)
     if source is None:

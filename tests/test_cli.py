@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -213,3 +214,52 @@ def test_usage_errors_exit_2():
     assert res.exit_code == 2 and "Missing argument" in res.output
     res = CliRunner().invoke(cli, ["serve", "x", "--threads", "0"])
     assert res.exit_code == 2 and "--threads" in res.output
+
+
+def _int_options():
+    for name in sorted(COMMANDS):
+        for p in cli.get_command(None, name).params:
+            if isinstance(p.type, click.IntRange) or p.type is click.INT:
+                yield name, p
+
+
+@pytest.mark.parametrize("name, param", list(_int_options()), ids=lambda x: getattr(x, "name", x))
+def test_every_integer_option_is_bounded_by_int32(name, param):
+    """Integers reach llama.cpp as C ints (std::stoi) or GGUF/ctypes int32: 1e11 for -n, --threads, --ctx or
+    --reasoning-budget passed click and died in llama-server's start-up with its usage text."""
+    assert isinstance(param.type, click.IntRange) and param.type.max is not None \
+        and param.type.max <= 2**31 - 1, (name, param.opts, param.type)
+
+
+def test_an_integer_too_large_for_the_runtime_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(cli, ["run", str(tmp_path), "-p", "hi", "-n", "100000000000"])
+    assert res.exit_code == 2 and "100000000000 is not in the range 1<=x<=2147483647" in res.output, res.output
+
+
+@pytest.mark.parametrize("target, args", [
+    ("ggufbridge.compare.run.compare", ["compare", "a.gguf", "-r", "gguf:b.gguf", "--eval", "{ev}"]),
+    ("ggufbridge.compare.run.dump_logits", ["dump-logits", "-m", "gguf:a.gguf", "--eval", "{ev}", "-o", "{tmp}/d.st"]),
+    ("ggufbridge.cli.bench.prepare", ["bench", "{tmp}"]),
+    ("ggufbridge.cli.run.prepare", ["run", "{tmp}", "-p", "hi"]),
+    ("ggufbridge.cli.plan.prepare", ["plan", "{tmp}"]),
+    ("ggufbridge.demo.run_demo", ["demo"]),
+    ("ggufbridge.verify.verify", ["verify", "{tmp}"]),
+], ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_ctrl_c_is_exit_130_and_one_line_in_every_command(monkeypatch, tmp_path, target, args):
+    """Ctrl-C in compare, bench, run... was click's "Aborted!" and exit 1, the code the README keeps for bugs."""
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, interrupted)
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text('{"text": "hi"}\n')
+    res = CliRunner().invoke(cli, [a.format(ev=ev, tmp=tmp_path) for a in args])
+    assert res.exit_code == 130, (res.exit_code, res.output)
+    assert res.output.strip().splitlines() == [res.output.strip()] and "interrupted by SIGINT" in res.output
+
+
+def test_a_negative_fit_context_is_named_by_the_option_given(tmp_path):
+    """convert --fit-ctx -5 said "--ctx must be at least 0" (quantize's spelling of the option)."""
+    res = CliRunner().invoke(cli, ["convert", str(tmp_path), "-o", str(tmp_path / "o"), "--fit-bytes", "1GB",
+                                   "--fit-ctx", "-5"])
+    assert res.exit_code == 2 and "'--fit-ctx': -5 is not in the range" in res.output, res.output

@@ -309,6 +309,11 @@ def test_bad_eval_sets_refused(ggufs, tmp_path):
             match="--floor needs an hf: reference")
     refused("compare", ggufs["q8_0"], "--reference", ref, "--eval", fine, "--text", fine, "--no-progress",
             match="exactly one of --eval")
+    binary = tmp_path / "latin1.txt"  # were UnicodeDecodeError tracebacks
+    binary.write_bytes("caf\xe9 au lait, na\xefve".encode("latin-1"))
+    for flag in ("--eval", "--text"):
+        refused("compare", ggufs["q8_0"], "--reference", ref, flag, binary, "--ctx", 8, "--no-progress",
+                match=f"{binary}: not UTF-8 text (invalid continuation byte at byte 3)")
 
 
 def test_exl3_without_cuda_says_so(ggufs, eval_file, tmp_path):
@@ -357,3 +362,35 @@ def test_rows_out_carries_text_rows_to_another_run(ggufs, small_ckpt, tmp_path):
     ok("compare", ggufs["f32"], "--reference", f"logits:{dump}", "--eval", rows, "--ctx", 40, "--no-progress",
        "--json", tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["kl_mean"] < 1e-5
+
+
+def test_the_readme_glob_over_a_convert_folder(small_ckpt, eval_file, tmp_path, caplog):
+    """README: `compare OUT/*.gguf --reference ...`. A convert folder holds the mmproj too (and after `imatrix` an
+    imatrix.gguf): llama.cpp cannot load those as language models; compare was a ValueError traceback. They are
+    skipped with a warning; given alone they are refused in one line."""
+    from ggufbridge.convert import convert
+
+    out = tmp_path / "out"
+    convert(small_ckpt, out, outtype="f32", progress=False)
+    files = sorted(out.glob("*.gguf"))
+    assert [p.name.startswith("mmproj-") for p in files].count(True) == 1
+    ok("compare", *files, "--reference", f"gguf:{next(p for p in files if not p.name.startswith('mmproj-'))}",
+              "--eval", eval_file, "--ctx", CTX, "--no-progress", "--json", tmp_path / "r.json")
+    assert any("skipping" in r.getMessage() and "a mmproj GGUF" in r.getMessage() for r in caplog.records)
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert [Path(c["candidate"].removeprefix("gguf:")).name for c in r["results"]] == \
+        [p.name for p in files if not p.name.startswith("mmproj-")]
+    mmproj = next(p for p in files if p.name.startswith("mmproj-"))
+    refused("compare", mmproj, "--reference", f"gguf:{files[0]}", "--eval", eval_file, "--ctx", CTX,
+            "--no-progress", match="not a language model")
+
+
+def test_a_chunk_longer_than_the_context_is_one_context(ggufs, eval_file, tmp_path):
+    """--chunk 10**8 allocated chunk × vocab floats (a MemoryError traceback at 100000 with the real vocabulary);
+    no row is longer than --ctx, so a chunk never needs to be."""
+    from ggufbridge.compare.run import compare
+
+    ref = f"gguf:{ggufs['f32']}"
+    base = compare(ref, [str(ggufs["q8_0"])], eval_path=eval_file, ctx=CTX)
+    huge = compare(ref, [str(ggufs["q8_0"])], eval_path=eval_file, ctx=CTX, chunk=10**8)
+    assert huge.results[0].summary["kl_mean"] == pytest.approx(base.results[0].summary["kl_mean"], rel=1e-6)

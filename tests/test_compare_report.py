@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from click.testing import CliRunner
 
+from ggufbridge.cli import cli
 from ggufbridge.compare import report
 from ggufbridge.compare.metrics import Accumulator, Dense
 from ggufbridge.compare.run import Comparison, Result
@@ -99,3 +102,42 @@ def test_recipe_files_get_their_own_family(tmp_path, monkeypatch):
     cmp.results[2].family = "GGUF, ggufbridge recipes"
     drawn = _plot_xs(cmp, tmp_path, monkeypatch)
     assert set(drawn) == {"EXL3", "GGUF", "GGUF, ggufbridge recipes"}
+
+
+# --- output paths are checked before the (long) run --------------------------------------------------------------
+
+def _eval_file(tmp_path):
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text('{"text": "The capital of France is Paris."}\n')
+    return ev
+
+
+@pytest.mark.parametrize("args", [["--json", "{ev}"], ["--markdown", "{ev}"], ["--plot", "{ev}"]])
+def test_compare_refuses_to_write_over_its_eval_set(tmp_path, args):
+    """`compare ... --eval e.jsonl --json e.jsonl` replaced the eval set with the figures."""
+    ev = _eval_file(tmp_path)
+    before = ev.read_bytes()
+    args = [a.format(ev=ev) for a in args]
+    res = CliRunner().invoke(cli, ["compare", str(tmp_path / "absent.gguf"), "-r", f"gguf:{tmp_path / 'ref.gguf'}",
+                                   "--eval", str(ev), *args])
+    assert res.exit_code == 2 and "is the input" in res.output, res.output
+    assert ev.read_bytes() == before
+
+
+def test_compare_plot_format_is_checked_before_the_run(tmp_path):
+    """--plot x.gguf ran the whole comparison, then matplotlib's ValueError was a traceback."""
+    ev = _eval_file(tmp_path)
+    res = CliRunner().invoke(cli, ["compare", str(tmp_path / "absent.gguf"), "-r", f"gguf:{tmp_path / 'ref.gguf'}",
+                                   "--eval", str(ev), "--plot", str(tmp_path / "fig.gguf")])
+    assert res.exit_code == 2, res.output
+    assert "--plot: expected a .png, .svg or .pdf file, found fig.gguf" in res.output, res.output
+
+
+@pytest.mark.parametrize("which", ["-o", "--rows-out"])
+def test_dump_logits_refuses_to_write_over_its_eval_set(tmp_path, which):
+    ev = _eval_file(tmp_path)
+    before = ev.read_bytes()
+    out = ["-o", str(ev)] if which == "-o" else ["-o", str(tmp_path / "d.safetensors"), "--rows-out", str(ev)]
+    res = CliRunner().invoke(cli, ["dump-logits", "-m", f"gguf:{tmp_path / 'absent.gguf'}", "--eval", str(ev), *out])
+    assert res.exit_code == 2 and "is the input" in res.output, res.output
+    assert ev.read_bytes() == before

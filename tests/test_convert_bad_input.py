@@ -146,6 +146,39 @@ def layer_types_wrong_length(d):
     _edit_json(d / "config.json", lambda c: c["text_config"].__setitem__("layer_types", ["full_attention"]))
 
 
+def vocab_size_absurd(d):
+    # was: read_vocab padded the token list to 10**9 entries before any shape check (memory ran away)
+    _edit_json(d / "config.json", lambda c: c["text_config"].__setitem__("vocab_size", 10**9))
+
+
+def context_beyond_uint32(d):
+    # was: struct.error from the GGUF writer (uint32 key), a traceback
+    _edit_json(d / "config.json", lambda c: c["text_config"].__setitem__("max_position_embeddings", 10**12))
+
+
+def rms_eps_zero(d):
+    _edit_json(d / "config.json", lambda c: c["text_config"].__setitem__("rms_norm_eps", 0.0))
+
+
+def rms_eps_nan(d):
+    path = d / "config.json"  # Python's json reads (and writes) the non-standard NaN literal
+    path.write_text(path.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN'))
+    assert "NaN" in path.read_text()
+
+
+def rope_theta_negative(d):
+    _edit_json(d / "config.json", lambda c: c["text_config"]["rope_parameters"].__setitem__("rope_theta", -1.0))
+
+
+def vision_eps_negative(d):
+    _edit_json(d / "config.json", lambda c: c["vision_config"].__setitem__("layer_norm_eps", -1.0))
+
+
+def chat_template_not_utf8(d):
+    # was: UnicodeDecodeError traceback from read_text
+    (d / "chat_template.jinja").write_bytes(b"\xff\xfe{{ messages }}")
+
+
 def pickle_instead_of_safetensors(d):
     s = _shards(d)[0]
     s.write_bytes(b"\x80\x04\x95" + b"\0" * 64)  # a pickle stream is never unpickled: its "header" is nonsense
@@ -171,6 +204,13 @@ CASES = {
     missing_config: "config.json",
     unknown_text_model_type: "model_type",
     layer_types_wrong_length: "layer_types",
+    vocab_size_absurd: "expected shape [1000000000, 64]",
+    context_beyond_uint32: "max_position_embeddings must be at most 2147483647, found 1000000000000",
+    rms_eps_zero: "rms_norm_eps must be a positive number, found 0.0",
+    rms_eps_nan: "rms_norm_eps must be a positive number, found nan",
+    rope_theta_negative: "rope_theta must be a positive number, found -1.0",
+    vision_eps_negative: "layer_norm_eps must be a positive number, found -1.0",
+    chat_template_not_utf8: "chat_template.jinja: not UTF-8 text (invalid start byte at byte 0)",
     pickle_instead_of_safetensors: "header length 9766016 runs past the end of the 67 byte file",
 }
 

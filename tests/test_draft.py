@@ -176,6 +176,9 @@ INVALID = {
                            "flat", ["d2t", "one-to-one", "0 and 1", "target id 5"]),
     "architecture": ({"architectures": ["LlamaForCausalLM"]}, {}, "flat", ["Qwen3DSparkModel", "LlamaForCausalLM"]),
     "missing tap list": ({"target_layer_ids": None}, {}, "flat", ["target_layer_ids"]),
+    "rms eps zero": ({"rms_norm_eps": 0.0}, {}, "flat", ["rms_norm_eps", "positive number", "0.0"]),
+    "context beyond int32": ({"max_position_embeddings": 2**32}, {}, "flat",
+                             ["max_position_embeddings", "2147483647", "4294967296"]),
 }
 
 

@@ -222,3 +222,22 @@ def test_converted_mmproj_report(make_ckpt, tmp_path):
         spec.vision_hidden, spec.vision_ff, spec.vision_layers, spec.patch_size, spec.slice_size)
     assert hp["insert layer"] == [spec.insert_layer_id]
     _check_totals(rep, path)
+
+
+def test_importance_matrix_is_not_called_a_target(tmp_path):
+    """`imatrix` writes OUT/imatrix.gguf; inspect called it "role target, architecture ?" (and compare tried to
+    load it as a model)."""
+    path = tmp_path / "imatrix.gguf"
+    w = GGUFWriter(str(path), arch="", use_temp_file=False)  # llama-imatrix writes no architecture
+    w.kv_data[0].pop("general.architecture", None)
+    w.add_string("general.type", "imatrix")
+    w.add_uint32("imatrix.chunk_count", 4)
+    w.add_uint32("imatrix.chunk_size", 128)
+    w.add_tensor("blk.0.ffn_down_exps.weight.in_sum2", np.ones((8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    res = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "role          imatrix" in res.output and "chunks" in res.output, res.output

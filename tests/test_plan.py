@@ -225,11 +225,24 @@ def test_packaged_recipes_load():
     ('name="x"\nbackend="cpu"\n[server]\nctx=4096\n', "memory.host_gib"),
     ('base="nope"\n', "base: expected one of"),
     ('name="x"\nbackend="cpu"\n[server\n', "not valid TOML"),
+    # were passed on as they were: llama-server then died in start-up on std::stoi, or never drafted (p_min > 1)
+    ('name="x"\nbackend="cpu"\n[memory]\nhost_gib=8\n[server]\nctx=4096\nbatch=100000000000\n',
+     r"server.batch: expected an integer in \[1, 2147483647\], found 100000000000"),
+    ('name="x"\nbackend="cpu"\n[memory]\nhost_gib=8\n[server]\nctx=4096\nthreads=4294967296\n', "server.threads"),
+    ('name="x"\nbackend="cpu"\n[memory]\nhost_gib=8\n[server]\nctx=4096\n[draft]\np_min=1.5\n',
+     r"draft.p_min: expected a number in \[0.0, 1.0\], found 1.5"),
 ])
 def test_bad_recipes_are_refused(tmp_path, body, message):
     f = tmp_path / "r.toml"
     f.write_text(body)
     with pytest.raises(RecipeError, match=message):
+        load_recipe(str(f))
+
+
+def test_a_recipe_that_is_not_utf8_is_refused(tmp_path):
+    f = tmp_path / "r.toml"
+    f.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))  # was a UnicodeDecodeError traceback
+    with pytest.raises(RecipeError, match=r"r.toml: not UTF-8 text \(invalid continuation byte at byte 11\)"):
         load_recipe(str(f))
 
 

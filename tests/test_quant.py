@@ -202,6 +202,66 @@ def test_requantising_is_refused_unless_allowed(tiny_bf16, tmp_path):
         quantize_file(q8, tmp_path / "x.gguf", quant="Q4_K_M")
 
 
+def test_tool_output_that_is_not_utf8_is_no_crash(tiny_bf16, tmp_path):
+    """llama-quantize echoes tensor names as raw bytes; one that is not UTF-8 (GGUF strings are untrusted input)
+    was a UnicodeDecodeError traceback while reading the tool's output."""
+    _, src = tiny_bf16
+    raw = src.read_bytes()
+    i = raw.index(b"output_norm.weight")
+    bad = tmp_path / "bad-name.gguf"
+    bad.write_bytes(raw[:i] + b"output_norm.w\x84ight" + raw[i + len(b"output_norm.weight"):])  # same length
+    res = CliRunner().invoke(cli, ["quantize", str(bad), "-o", str(tmp_path / "o.gguf"), "--quant", "Q8_0"])
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output and res.exception is None, repr(res.exception)
+    assert (tmp_path / "o.gguf").exists()
+
+
+def test_a_full_disk_is_named_when_llama_quantize_fails(tiny_bf16, monkeypatch, tmp_path):
+    """llama-quantize says only "basic_ios::clear: iostream error" when its output cannot be written (a full disk
+    included); the error line adds the free space of the output's folder when it is less than the source's size.
+    The write fails here by a missing folder, the disk is made full by disk_usage."""
+    import shutil
+    from collections import namedtuple
+
+    from ggufbridge.quant import quantize_file
+
+    _, src = tiny_bf16
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(2**20, 2**20 - 4096, 4096))
+    dst = tmp_path / "absent" / "q.gguf"
+    with pytest.raises(QuantError, match=r"llama-quantize failed .*only 4\.00 KiB free in .*absent"):
+        quantize_file(src, dst, quant="Q8_0")
+
+
+@pytest.mark.parametrize("how", ["same path", "symlink", "--fit-bytes"])
+def test_output_that_is_the_source_is_refused(tiny_bf16, tmp_path, how):
+    """`quantize F16.gguf -o F16.gguf` replaced the user's source file with the quantised one."""
+    _, shared = tiny_bf16
+    src = tmp_path / "src.gguf"
+    src.write_bytes(shared.read_bytes())
+    before = src.read_bytes()
+    dst = src
+    if how == "symlink":
+        dst = tmp_path / "link.gguf"
+        dst.symlink_to(src)
+    args = ["--fit-bytes", "1GB", "--ctx", "0"] if how == "--fit-bytes" else ["--quant", "Q8_0"]
+    res = CliRunner().invoke(cli, ["quantize", str(src), "-o", str(dst), *args])
+    assert res.exit_code == 2, res.output
+    assert "is the input" in res.output and "Traceback" not in res.output, res.output
+    assert src.read_bytes() == before
+
+
+def test_imatrix_output_that_is_an_input_is_refused(tiny_bf16, tmp_path):
+    _, src = tiny_bf16
+    text = tmp_path / "cal.txt"
+    text.write_text(" ".join(f"line {i}: some words to calibrate with." for i in range(300)))
+    before = {p: p.read_bytes() for p in (src, text)}
+    for out in (src, text):
+        res = CliRunner().invoke(cli, ["imatrix", str(src), "--text", str(text), "-o", str(out), "--ctx", "64"])
+        assert res.exit_code == 2 and "is the input" in res.output, res.output
+    assert {p: p.read_bytes() for p in before} == before
+
+
 @pytest.mark.parametrize("types, message", [
     ({"experts_gate_up": "Q4_K"}, "missing"),
     ({"bogus": "Q4_K"}, "unknown tensor class"),
@@ -221,6 +281,15 @@ def test_recipe_validation_names_expected_and_found(tmp_path, types, message):
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(QuantError, match=re.escape(message)):
         load_quant_recipe(str(p))
+
+
+def test_a_mix_that_is_not_utf8_is_refused(tmp_path):
+    from ggufbridge.quant.recipes import load_quant_recipe
+
+    f = tmp_path / "m.toml"
+    f.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))  # was a UnicodeDecodeError traceback
+    with pytest.raises(QuantError, match=r"m.toml: not UTF-8 text \(invalid continuation byte at byte 11\)"):
+        load_quant_recipe(str(f))
 
 
 def test_user_recipe_on_top_of_a_packaged_one(tmp_path):

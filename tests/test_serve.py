@@ -236,14 +236,72 @@ def test_port_in_use_is_refused(model_dir):
     assert "Traceback" not in res.output
 
 
-def test_early_death_reports_the_log_tail(model_dir, tmp_path):
+@pytest.mark.parametrize("with_image", [False, True])
+def test_run_with_a_prompt_longer_than_the_context_says_so(model_dir, tmp_path, with_image):
+    """Text: llama-cli logs the refusal and exits 0 with an empty answer (run printed nothing and exited 0).
+    Image: the server's JSON error was shown as a Python dict repr."""
+    from PIL import Image
+
+    prompt = " ".join(f"word{i}" for i in range(600))
+    extra = []
+    if with_image:
+        Image.new("RGB", (32, 32), "red").save(tmp_path / "i.png")
+        extra = ["--image", str(tmp_path / "i.png")]
+    res = CliRunner().invoke(cli, ["run", str(model_dir), "-p", prompt, "--ctx", "256", "-n", "2", *extra])
+    assert res.exit_code == 2, res.output
+    assert "exceeds the available context size (256 tokens)" in res.stderr, res.stderr
+    assert "{'" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("host, message", [
+    ("nonsense.invalid", "--host nonsense.invalid: cannot listen there"),
+    ("192.0.2.1", "--host 192.0.2.1: cannot listen there"),  # TEST-NET-1: no interface of this machine has it
+])
+def test_a_host_that_is_not_this_machine_is_not_called_a_busy_port(model_dir, host, message):
+    """--host with an unknown name or another machine's address said "port 8080 ... is already in use"."""
+    res = CliRunner().invoke(cli, ["serve", str(model_dir), "--host", host, "--port", str(sv.free_port()),
+                                   "--ctx", "2048", "--api-key", "k"])
+    assert res.exit_code == 2, res.output
+    assert message in res.stderr and "already in use" not in res.stderr, res.stderr
+
+
+def _error_lines(res) -> list[str]:
+    return [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith(("command:", "memory plan", "  "))]
+
+
+def test_early_death_reports_the_servers_reason(model_dir, tmp_path):
     recipe = tmp_path / "bad.toml"
     recipe.write_text('base = "cpu"\nname = "bad"\n[server]\nctx = 2048\nextra_args = ["--no-such-flag"]\n')
     res = CliRunner().invoke(cli, ["serve", str(model_dir), "--recipe", str(recipe), "--port", str(sv.free_port()),
                                    "--log", str(tmp_path / "s.log")])
     assert res.exit_code == 2
-    assert "llama-server exited with code" in res.stderr and "during start-up" in res.stderr
-    assert "--no-such-flag" in res.stderr  # the server's own complaint, from the log tail
+    (line,) = _error_lines(res)  # one line: the server's own complaint, and where its log is
+    assert "llama-server exited with code" in line and "during start-up" in line, line
+    assert "--no-such-flag" in line and str(tmp_path / "s.log") in line, line
+
+
+@pytest.mark.parametrize("command", ["serve", "run"])
+def test_a_model_the_runtime_refuses_is_one_line_with_its_reason(model_dir, tmp_path, command):
+    """A GGUF whose header reads fine but whose shapes the runtime rejects: the error was the log's last 15 lines
+    (spinner and all); the line that says why is llama.cpp's first error."""
+    import shutil
+    import struct
+
+    bad = tmp_path / "bad"
+    shutil.copytree(model_dir, bad, ignore=shutil.ignore_patterns("*.log"))
+    target = next(p for p in bad.glob("MiniCPM-*.gguf"))
+    raw = bytearray(target.read_bytes())
+    name = b"token_embd.weight"
+    at = raw.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    (nd,) = struct.unpack_from("<I", raw, at)
+    dims = struct.unpack_from(f"<{nd}Q", raw, at + 4)
+    struct.pack_into(f"<{nd}Q", raw, at + 4, *reversed(dims))  # same bytes, transposed shape
+    target.write_bytes(bytes(raw))
+    args = ["--port", str(sv.free_port())] if command == "serve" else ["-p", "hi", "-n", "2"]
+    res = CliRunner().invoke(cli, [command, str(bad), "--ctx", "2048", *args])
+    assert res.exit_code == 2, res.output
+    (line,) = _error_lines(res)
+    assert line.startswith("Error: ") and "token_embd.weight' has wrong shape" in line, line
 
 
 def test_serve_refuses_an_incomplete_runtime(model_dir, tmp_path):

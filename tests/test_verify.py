@@ -134,3 +134,13 @@ def test_mmproj_written_with_a_non_default_downsample_verifies(make_ckpt, tmp_pa
     convert(ckpt, out, outtype="bf16", downsample="4x", progress=False)
     code, text = _verify(out, "--source", str(ckpt))
     assert code == 0, text
+
+
+@pytest.mark.parametrize("with_source", [False, True])
+def test_a_draft_source_that_cannot_be_checked_is_refused(converted, with_source):
+    """--draft-source was silently ignored (verify said OK) without --source, or when the folder has no draft."""
+    ckpt, out = converted
+    args = ["--draft-source", str(ckpt)] + (["--source", str(ckpt)] if with_source else [])
+    code, text = _verify(out, *args)
+    assert code == 2, text
+    assert ("lists no draft" if with_source else "--draft-source needs --source") in text, text

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ggufbridge.errors import ConfigError
 
 REQUIRED = object()
+INT32_MAX = 2**31 - 1
 
 
 class Cfg:
@@ -43,6 +45,16 @@ class Cfg:
         val = self.get(key, int, default)
         if val <= 0:
             raise ConfigError(f"{self.where}: {key} must be a positive integer, found {val}")
+        # sizes and counts become GGUF uint32/int32 keys and C ints in the runtime
+        if val > INT32_MAX:
+            raise ConfigError(f"{self.where}: {key} must be at most {INT32_MAX}, found {val}")
+        return val
+
+    def positive_float(self, key: str, default: Any = REQUIRED) -> float:
+        """A finite number > 0 (epsilons, rope bases): 0, negatives, NaN and Inf would only show as NaN logits."""
+        val = self.get(key, float, default)
+        if not (math.isfinite(val) and val > 0):
+            raise ConfigError(f"{self.where}: {key} must be a positive number, found {val}")
         return val
 
     def expect(self, key: str, want: Any, default: Any = REQUIRED) -> Any:

@@ -28,8 +28,9 @@ def plan_target(md: ModelDir) -> tuple[ConversionPlan, qwen35moe.TextParams]:
     text = root.sub("text_config")
     params = qwen35moe.TextParams.read(text, tied_default=bool(md.config.get("tie_word_embeddings", False)))
     plan = ConversionPlan(qwen35moe.ARCH)
-    vocab = read_vocab(md.path, params.vocab_size)
+    # tensors first: their shapes check vocab_size before read_vocab builds a token list that long
     used = qwen35moe.plan_text(plan, params, md.tensors, TEXT_PREFIX, HEAD)
+    vocab = read_vocab(md.path, params.vocab_size)
     add_vocab(plan, vocab)
     # the vision tower is the mmproj converter's; MTP layers are not converted (plan_text notes it)
     check_leftover(md.tensors, used, "text", ignore=lambda n: n.startswith(VISION_PREFIXES + MTP_PREFIXES))

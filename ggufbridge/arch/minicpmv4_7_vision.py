@@ -118,7 +118,7 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     check(slice_size % align == 0, f"{pre.where}: scale_resolution must be a multiple of {align}, found {slice_size}")
     return VisionParams(
         hidden=hidden, ff=ff, n_layer=n_layer, n_head=n_head, patch=patch, grid=img // patch,
-        eps=v.get("layer_norm_eps", float, 1e-6), insert_layer_id=insert, slice_size=slice_size,
+        eps=v.positive_float("layer_norm_eps", 1e-6), insert_layer_id=insert, slice_size=slice_size,
         mean=_triple(pre, "image_mean"), std=_triple(pre, "image_std"), downsample=mode, text_hidden=text_hidden,
         max_slice_nums=pre.positive("max_slice_nums", 9), use_image_id=bool(pre.get("use_image_id", bool, True)),
     )

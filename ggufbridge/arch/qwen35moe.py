@@ -75,7 +75,7 @@ class TextParams:
               f"{text.where}: mrope_section {msec} must have a non-zero entry and sum to at most head_dim {head_dim}")
         check(sum(msec) >= n_rot // 2,
               f"{text.where}: mrope_section {msec} covers {sum(msec)} rotary pairs, but the model rotates {n_rot // 2}")
-        theta = rope.get("rope_theta", float, text.get("rope_theta", float, 10000.0))
+        theta = rope.positive_float("rope_theta", text.positive_float("rope_theta", 10000.0))
 
         layer_types = text.get("layer_types", list, None)
         if layer_types is None:
@@ -112,7 +112,7 @@ class TextParams:
             n_rot=n_rot,
             sections=(msec[0], msec[1], msec[2], 0),
             rope_theta=theta,
-            rms_eps=text.get("rms_norm_eps", float, 1e-6),
+            rms_eps=text.positive_float("rms_norm_eps", 1e-6),
             ctx_len=text.positive("max_position_embeddings", 262144),
             recurrent=tuple(t == "linear_attention" for t in layer_types),
             n_expert=n_expert,

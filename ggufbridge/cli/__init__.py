@@ -3,7 +3,8 @@
 Subcommands are imported only when invoked, so `ggufbridge --help` stays fast and a missing optional
 dependency of one command cannot break the others. The group is where errors become exit codes: an error the user
 can act on is one line and exit 2 (`_common.user_errors`), a click usage error is click's message and exit 2, and
-anything else is a bug: its traceback, an "internal error" line and exit 1 (`main`).
+Ctrl-C/SIGTERM is one line and exit 128 + signal
+(`_common.interruptible`); anything else is a bug: its traceback, an "internal error" line and exit 1 (`main`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import traceback
 import click
 
 from ggufbridge import __version__
-from ggufbridge.cli._common import INTERNAL_ERROR, user_errors
+from ggufbridge.cli._common import INTERNAL_ERROR, interruptible, user_errors
 
 # command name -> module in ggufbridge.cli exporting `command` (a click.Command)
 COMMANDS = {
@@ -63,7 +64,7 @@ class LazyGroup(click.Group):
             return None
         cmd = importlib.import_module(f"ggufbridge.cli.{module}").command
         if not getattr(cmd, "_ggufbridge_errors", False):  # wrap once per process, however often it is looked up
-            cmd.callback = user_errors(cmd.callback)
+            cmd.callback = user_errors(interruptible(cmd.callback))
             cmd._ggufbridge_errors = True
         return cmd
 

@@ -22,9 +22,9 @@ class UserError(click.ClickException):
 
 
 class SignalExit(click.ClickException):
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}; temporary files removed, nothing "
-                         f"half-written left under a final name")
+    def __init__(self, signum: int, cleaned: bool = True):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}" + (
+            "; temporary files removed, nothing half-written left under a final name" if cleaned else ""))
         self.exit_code = 128 + signum  # the shell's convention for "killed by signal N"
 
 
@@ -59,17 +59,26 @@ def user_errors(fn):
     return wrapper
 
 
-def writes_files(fn):
-    """For commands that write: SIGTERM/SIGHUP unwind like Ctrl-C (so every `except`/`finally` removes its
-    temporary files), and any of them ends in one line and exit 128 + signal number."""
-    from ggufbridge.signals import interrupts_as_exceptions
+def _on_signals(cleaned: bool):
+    def decorate(fn):
+        from ggufbridge.signals import interrupts_as_exceptions
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with interrupts_as_exceptions():
-            try:
-                return fn(*args, **kwargs)
-            except KeyboardInterrupt as e:
-                raise SignalExit(getattr(e, "signum", signal.SIGINT)) from None
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with interrupts_as_exceptions():
+                try:
+                    return fn(*args, **kwargs)
+                except KeyboardInterrupt as e:
+                    raise SignalExit(getattr(e, "signum", signal.SIGINT), cleaned) from None
 
-    return wrapper
+        return wrapper
+
+    return decorate
+
+
+# For commands that write: SIGTERM/SIGHUP unwind like Ctrl-C (so every `except`/`finally` removes its temporary
+# files), and any of them ends in one line and exit 128 + signal number.
+writes_files = _on_signals(cleaned=True)
+# The same for every command (the `ggufbridge` group applies it): Ctrl-C is exit 130 and one line, never click's
+# "Aborted!" and exit 1 (the code of a bug), and child processes are stopped by the `finally` that started them.
+interruptible = _on_signals(cleaned=False)

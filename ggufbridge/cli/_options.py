@@ -26,6 +26,9 @@ from importlib import resources
 
 import click
 
+# every integer option's upper bound: values reach llama.cpp as C ints (std::stoi) or int32 GGUF/ctypes fields
+INT32_MAX = 2**31 - 1
+
 
 def _names(*parts: str) -> str:
     folder = resources.files("ggufbridge").joinpath(*parts)
@@ -53,20 +56,21 @@ recipe = _option("--recipe", "recipe_name", default="cpu", show_default=True, me
                  help=f"Hardware recipe: a packaged one ({_names('recipes')}) or a path to a recipe .toml "
                       "(decides -ngl, KV types, draft settings).")
 draft = _option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
-ctx = _option("--ctx", type=click.IntRange(256), default=None, show_default=True, help="Context size (default: the plan's).")
-threads = _option("--threads", type=click.IntRange(1), default=None, help="CPU threads for llama-server.")
+ctx = _option("--ctx", type=click.IntRange(256, INT32_MAX), default=None, show_default=True,
+              help="Context size (default: the plan's).")
+threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None, help="CPU threads for llama-server.")
 llama_bin = _option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
                     help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")
 timeout = _option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True,
                   help="Seconds to wait for llama-server's /health.")
-n_predict = _option("-n", "--n-predict", type=click.IntRange(1), default=256, show_default=True,
+n_predict = _option("-n", "--n-predict", type=click.IntRange(1, INT32_MAX), default=256, show_default=True,
                     help="Tokens to generate.")
 
 
 def think(f):
     """--think/--no-think and --reasoning-budget (serve, run); both default to the recipe's [server] think /
     reasoning_budget."""
-    f = click.option("--reasoning-budget", type=click.IntRange(-1), default=None,
+    f = click.option("--reasoning-budget", type=click.IntRange(-1, INT32_MAX), default=None,
                      help="Most tokens to think before the end of thinking is forced (-1: no limit; default: the "
                           "recipe's server.reasoning_budget).")(f)
     f = click.option("--think/--no-think", default=None,
@@ -108,7 +112,8 @@ quant_type = _option("--quant", default=None, metavar="TYPE",
                           "own mix.")
 imatrix = _option("--imatrix", type=click.Path(dir_okay=False), default=None,
                   help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
-quant_threads = _option("--threads", type=click.IntRange(1), default=None, help="CPU threads (default: up to 8).")
+quant_threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None,
+                        help="CPU threads (default: up to 8).")
 
 MIX_DEPRECATED = ("warning: --recipe for a quantisation mix is deprecated, use --mix (--recipe names a hardware "
                   "recipe in serve, run, plan and bench)")

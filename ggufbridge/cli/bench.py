@@ -26,7 +26,7 @@ from ggufbridge.runtime.session import prepare
                    "synthetic ones of --prompt-lengths.")
 @opt.recipe()
 @opt.n_predict(default=128, help="Tokens generated per request (EOS ignored).")
-@click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--repeats", type=click.IntRange(1, opt.INT32_MAX), default=1, show_default=True)
 @opt.threads()
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default=None,
               help="Where to write bench.json / bench.md / bench.png (default: OUT_DIR/bench).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ggufbridge.cli._options import INT32_MAX
 
 EVAL_HELP = ('JSONL eval rows: {"ids": [...]} or {"text": "..."} (tokenised without BOS), optional "kind".')
 
@@ -14,9 +15,9 @@ def eval_options(fn):
         click.option("--eval", "eval_path", type=click.Path(dir_okay=False, exists=True), help=EVAL_HELP),
         click.option("--text", "text_path", type=click.Path(dir_okay=False, exists=True),
                      help="Plain text file, cut into rows of --ctx tokens."),
-        click.option("--ctx", type=click.IntRange(min=2), default=1024, show_default=True,
+        click.option("--ctx", type=click.IntRange(2, INT32_MAX), default=1024, show_default=True,
                      help="Tokens per row (rows longer than this are refused)."),
-        click.option("--chunk", type=click.IntRange(min=1), default=None,
+        click.option("--chunk", type=click.IntRange(1, INT32_MAX), default=None,
                      help="Positions per logits chunk (default: ~16M logits per chunk)."),
         click.option("--hf-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
                      help="dtype of an hf: model."),
@@ -56,6 +57,8 @@ def command(ggufs, reference, eval_path, text_path, ctx, chunk, hf_dtype, floor,
     from ggufbridge.compare.run import compare, merge_file
 
     check_eval_choice(eval_path, text_path)
+    report.check_outputs([eval_path, text_path, reference, *ggufs, *merge_paths], json_path=json_path,
+                         md_path=md_path, plot_path=plot_path)
     cmp = compare(reference, list(ggufs), eval_path=eval_path, text_path=text_path, ctx=ctx, chunk=chunk, floor=floor,
                   hf_dtype=hf_dtype, progress=progress)
     for path in merge_paths:

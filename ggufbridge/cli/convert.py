@@ -32,7 +32,8 @@ TYPES = click.Choice(sorted(OUTTYPES))
 @opt.imatrix("Importance matrix for --quant/--mix.")
 @opt.fit_bytes(help="Quantise the target to the KL-guided mix whose file + KV cache for --fit-ctx fits this many "
                     "bytes (see `quantize --fit-bytes`).")
-@click.option("--fit-ctx", type=int, default=None, help="Context to leave room for with --fit-bytes [8192; 0: file].")
+@click.option("--fit-ctx", type=click.IntRange(0, opt.INT32_MAX), default=None,
+              help="Context to leave room for with --fit-bytes [8192; 0: file].")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="--fit-bytes: calibration text or .jsonl rows [packaged sample].")
 @click.option("--force", is_flag=True, help="OUT_DIR may hold a conversion already: replace it as a whole once "

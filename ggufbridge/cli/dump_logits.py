@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ggufbridge.cli._options import INT32_MAX
 from ggufbridge.cli.compare import check_eval_choice, eval_options
 
 
@@ -13,17 +14,19 @@ from ggufbridge.cli.compare import check_eval_choice, eval_options
                    "through transformers, downloaded first; also written hf:hf://...).")
 @eval_options
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Output .safetensors.")
-@click.option("--top-k", type=click.IntRange(min=5), default=256, show_default=True,
+@click.option("--top-k", type=click.IntRange(5, INT32_MAX), default=256, show_default=True,
               help="Log-probabilities kept per position (plus the log-mass of the rest).")
-@click.option("--samples", type=click.IntRange(min=0), default=64, show_default=True,
+@click.option("--samples", type=click.IntRange(0, INT32_MAX), default=64, show_default=True,
               help="Tokens drawn per position from the rest of the distribution (0: top-K only, KL a lower bound).")
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
               help="Also write the eval rows as token ids (JSONL), for --eval on another machine.")
 def command(model, eval_path, text_path, ctx, chunk, hf_dtype, floor, progress, out, top_k, samples, rows_out):
     """Store a model's top-K log-probabilities on an eval set, for `compare --reference logits:FILE` elsewhere."""
+    from ggufbridge.compare.report import check_outputs
     from ggufbridge.compare.run import dump_logits
 
     check_eval_choice(eval_path, text_path)
+    check_outputs([eval_path, text_path, model], out=out, rows_out=rows_out)
     meta = dump_logits(model, out, eval_path=eval_path, text_path=text_path, ctx=ctx, top_k=top_k, samples=samples,
                        chunk=chunk, floor=floor, hf_dtype=hf_dtype, progress=progress, rows_out=rows_out)
     click.echo(f"{out}: {len(meta['row_sha256'])} rows, top-{meta['top_k']} + {meta['samples']} samples of "

@@ -14,8 +14,9 @@ from ggufbridge.cli._common import writes_files
               help="Calibration text (UTF-8), ideally like what the model will see.")
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
               help="Where to write the matrix [OUT_DIR/imatrix.gguf].")
-@click.option("--ctx", type=int, default=512, show_default=True, help="Tokens per chunk.")
-@click.option("--chunks", type=int, default=None, help="At most this many chunks of the text.")
+@click.option("--ctx", type=click.IntRange(max=opt.INT32_MAX), default=512, show_default=True, help="Tokens per chunk.")
+@click.option("--chunks", type=click.IntRange(max=opt.INT32_MAX), default=None,
+              help="At most this many chunks of the text.")
 @opt.quant_threads()
 @click.option("--fill-missing/--no-fill-missing", default=True, show_default=True,
               help="Give experts that got no calibration tokens their layer's mean importance (with a warning).")

@@ -19,7 +19,8 @@ from ggufbridge.cli._common import writes_files
                     "+ state <= this many bytes (--ctx 0: the file alone).")
 @click.option("--fit", "fit_hw", default=None, metavar="HARDWARE",
               help="KL-guided mix that fits a hardware recipe (e.g. rtx4090) fully on its GPU at --ctx.")
-@click.option("--ctx", type=int, default=None, help="Context to leave room for with --fit/--fit-bytes [8192].")
+@click.option("--ctx", type=click.IntRange(0, opt.INT32_MAX), default=None,
+              help="Context to leave room for with --fit/--fit-bytes [8192].")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
               help="--fit*: calibration text (or eval .jsonl) for the sensitivity pass [packaged sample].")
 @click.option("--reference", default=None, metavar="hf:DIR|logits:FILE|gguf:FILE",
@@ -59,7 +60,7 @@ def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference
         from ggufbridge.quant.optimise import fit_quantize
 
         mix_out = Path(mix_out) if mix_out else Path(dst).with_suffix(".mix.toml")
-        with all_or_nothing(dst) as tmp:
+        with all_or_nothing(dst, src, imatrix, calibration) as tmp:
             res, plan, sens = fit_quantize(src, tmp, fit_bytes=fit_bytes, hardware=fit_hw, ctx=ctx,
                                            calibration=calibration, reference=reference, imatrix=imatrix,
                                            work=work, mix_out=mix_out, threads=threads, progress=not as_json)

@@ -31,7 +31,7 @@ def assistant_text(transcript: str) -> str:
 @opt.draft()
 @opt.n_predict()
 @click.option("--temp", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(max=opt.INT32_MAX), default=0, show_default=True)
 @opt.ctx(default=4096, help="Context size.")
 @click.option("--image", "images", type=click.Path(dir_okay=False), multiple=True,
               help="Ask about this image (repeatable): the chat goes through the patched llama-server, with "
@@ -73,6 +73,10 @@ def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, ima
         finally:
             sv.stop(proc)
         if code != 0 or not out_file.is_file():
-            raise ServerError(f"llama-cli failed (exit {code}); last log lines:\n{sv.log_tail(log)}")
+            raise ServerError(f"llama-cli failed (exit {code}): {sv.log_reason(log)}")
         # bytes, not read_text: universal newlines would turn a generated "\r" into "\n"
-        click.echo(assistant_text(out_file.read_bytes().decode("utf-8", errors="replace")))
+        answer = assistant_text(out_file.read_bytes().decode("utf-8", errors="replace"))
+        if not answer and sv.log_has_error(log):
+            # llama-cli refuses a turn (e.g. a prompt longer than the context) in its log and still exits 0
+            raise ServerError(f"llama-cli gave no answer: {sv.log_reason(log)}")
+        click.echo(answer)

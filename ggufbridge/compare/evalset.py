@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufbridge.errors import EvalDataError
+from ggufbridge.textfile import read_utf8
 
 DEFAULT_KIND = "default"
 Tokenize = Callable[[str], list[int]]
@@ -53,27 +54,27 @@ def set_hash(rows: list[Row]) -> str:
 
 def _parse_jsonl(path: Path) -> list[dict]:
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalDataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or ("ids" in obj) == ("text" in obj):
-                raise EvalDataError(f"{path}:{lineno}: expected an object with exactly one of 'ids' or 'text'")
-            kind = obj.get("kind", DEFAULT_KIND)
-            if not isinstance(kind, str) or not kind:
-                raise EvalDataError(f"{path}:{lineno}: 'kind' must be a non-empty string, found {kind!r}")
-            if "ids" in obj:
-                ids = obj["ids"]
-                if (not isinstance(ids, list) or
-                        not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
-                    raise EvalDataError(f"{path}:{lineno}: 'ids' must be a list of non-negative integers")
-            elif not isinstance(obj["text"], str):
-                raise EvalDataError(f"{path}:{lineno}: 'text' must be a string, found {type(obj['text']).__name__}")
-            out.append({**obj, "kind": kind, "line": lineno})
+    # split on "\n" only: str.splitlines would also cut at a U+2028 inside a JSON string
+    for lineno, line in enumerate(read_utf8(path, EvalDataError).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalDataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or ("ids" in obj) == ("text" in obj):
+            raise EvalDataError(f"{path}:{lineno}: expected an object with exactly one of 'ids' or 'text'")
+        kind = obj.get("kind", DEFAULT_KIND)
+        if not isinstance(kind, str) or not kind:
+            raise EvalDataError(f"{path}:{lineno}: 'kind' must be a non-empty string, found {kind!r}")
+        if "ids" in obj:
+            ids = obj["ids"]
+            if (not isinstance(ids, list) or
+                    not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+                raise EvalDataError(f"{path}:{lineno}: 'ids' must be a list of non-negative integers")
+        elif not isinstance(obj["text"], str):
+            raise EvalDataError(f"{path}:{lineno}: 'text' must be a string, found {type(obj['text']).__name__}")
+        out.append({**obj, "kind": kind, "line": lineno})
     return out
 
 
@@ -95,7 +96,7 @@ def load_rows(*, eval_path=None, text_path=None, ctx: int, tokenize: Tokenize | 
     rows: list[Row] = []
     if text_path is not None:
         path = Path(text_path)
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(path, EvalDataError)
         if tokenize is None:
             raise EvalDataError("--text needs a tokenizer, and no source given has one")
         ids = list(tokenize(text))

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from ggufbridge.compare.metrics import FIGURES
+from ggufbridge.errors import OutputError
 from ggufbridge.units import human_size
 
 # column header -> summary key, in the cards' order
@@ -57,6 +58,29 @@ def to_json(cmp) -> dict:
         "floor_note": cmp.floor_note,
         "results": results,
     }
+
+
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def check_outputs(inputs, json_path=None, md_path=None, plot_path=None, out=None, rows_out=None) -> None:
+    """Before a run that may take hours: no output replaces an input (eval set, model files, merged results) or
+    another output, and the plot has a format matplotlib writes."""
+    from ggufbridge.compare.sources import KINDS
+    from ggufbridge.ggufio.writer import refuse_input_as_output
+
+    paths = []
+    for spec in inputs:
+        if spec is None:
+            continue
+        kind, sep, rest = str(spec).partition(":")
+        paths.append(rest if sep and kind in KINDS else spec)  # hub specs name no local file: they match nothing
+    outputs = [p for p in (json_path, md_path, plot_path, out, rows_out) if p is not None]
+    for i, dst in enumerate(outputs):
+        refuse_input_as_output(dst, *paths, *outputs[i + 1:])
+    if plot_path is not None and Path(plot_path).suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        raise OutputError(f"--plot: expected a {', '.join('.' + f for f in PLOT_FORMATS[:-1])} or "
+                          f".{PLOT_FORMATS[-1]} file, found {Path(plot_path).name}")
 
 
 def write_json(cmp, path) -> None:

@@ -18,9 +18,10 @@ from tqdm import tqdm
 from ggufbridge.compare import evalset
 from ggufbridge.compare.evalset import Row
 from ggufbridge.compare.metrics import Accumulator, topk_form
-from ggufbridge.compare.sources import (LogitsSource, Source, hub_model, localize, open_source, parse_spec,
-                                       require_device_for)
-from ggufbridge.errors import GGUFBridgeError, LogitsMismatch
+from ggufbridge.compare.sources import (LogitsSource, Source, gguf_role, hub_model, localize, open_source,
+                                       parse_spec, require_device_for)
+from ggufbridge.errors import EvalDataError, GGUFBridgeError, LogitsMismatch
+from ggufbridge.textfile import read_utf8
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,11 @@ def _size_bytes(spec: str) -> int:
     if path.is_dir():
         return sum(p.stat().st_size for p in path.glob("*.safetensors"))
     return path.stat().st_size
+
+
+def _cap_chunk(chunk: int | None, ctx: int) -> int | None:
+    """No row is longer than ctx, so no chunk needs to be: a larger --chunk only sized buffers (chunk × vocab)."""
+    return None if chunk is None else min(chunk, ctx)
 
 
 def default_chunk(vocab_size: int, ctx: int) -> int:
@@ -134,8 +140,24 @@ def _read_rows(sources, eval_path, text_path, ctx):
     tok_src = _tokenizer_of(sources)
     tokenize = tok_src.tokenize if tok_src is not None else None
     rows = evalset.load_rows(eval_path=eval_path, text_path=text_path, ctx=ctx, tokenize=tokenize)
-    text = Path(text_path).read_text(encoding="utf-8") if text_path is not None else None
+    text = read_utf8(text_path, EvalDataError) if text_path is not None else None
     return rows, text
+
+
+def _language_models(candidates: list[str], labels: list[str]) -> tuple[list[str], list[str]]:
+    """`compare OUT/*.gguf` (the README's form) lists the folder's mmproj and imatrix too: they are skipped, with a
+    warning, unless nothing else is left (then the source refuses them in one line)."""
+    keep = []
+    for spec, label in zip(candidates, labels):
+        kind, path = parse_spec(spec)
+        role = gguf_role(path) if kind == "gguf" and path.is_file() else "target"
+        if role == "target":
+            keep.append((spec, label))
+        else:
+            log.warning("skipping %s: a %s GGUF, not a language model", path, role)
+    if not keep:
+        return candidates, labels
+    return [s for s, _ in keep], [label for _, label in keep]
 
 
 def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
@@ -144,11 +166,13 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
     """Compare each candidate (GGUF files; also exl3:/hf: models) against the reference on an eval set."""
     if not candidates:
         raise GGUFBridgeError("no candidate model given")
+    chunk = _cap_chunk(chunk, ctx)
     shown, labels = reference, [_label(c) for c in candidates]
     # hub models (hf://, ms://) are downloaded here, once, with progress; from then on they are hf: folders
     reference, candidates = localize(reference, progress=progress), [localize(c, progress=progress) for c in candidates]
     for spec in (reference, *candidates):
         require_device_for(spec)
+    candidates, labels = _language_models(candidates, labels)
     bad = [c for c in candidates if parse_spec(c)[0] not in CANDIDATE_KINDS]
     if bad:
         raise GGUFBridgeError(f"candidates must be models ({', '.join(k + ':' for k in CANDIDATE_KINDS)}), "
@@ -265,6 +289,7 @@ def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = D
     if top_k < 5:
         raise GGUFBridgeError(f"--top-k must be at least 5 (top-5 overlap needs it), found {top_k}")
     require_device_for(model)
+    chunk = _cap_chunk(chunk, ctx)
     with open_source(model, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype) as src:
         chunk = chunk or default_chunk(src.vocab_size, ctx)
         rows, _ = _read_rows([src], eval_path, text_path, ctx)

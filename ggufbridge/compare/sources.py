@@ -30,7 +30,7 @@ from ggufbridge.checkpoint import hub
 from ggufbridge.checkpoint.hub import HubSpec
 from ggufbridge.compare.evalset import Row
 from ggufbridge.compare.metrics import Dense, TopK
-from ggufbridge.errors import DeviceUnavailable, GGUFBridgeError, LogitsMismatch
+from ggufbridge.errors import DeviceUnavailable, GGUFBridgeError, GGUFFileError, LogitsMismatch
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,14 @@ class HFSource(Source):
                 yield Dense(self.head(hidden[a:a + chunk]).float().numpy())
 
 
+def gguf_role(path) -> str:
+    """target, mmproj, draft or imatrix, from the file's header (the rule of `ggufbridge inspect`)."""
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.inspect import role_of
+
+    return role_of(read_header(path).kv)
+
+
 class GGUFSource(Source):
     """llama.cpp through llama-cpp-python. Rows are decoded chunk by chunk with output for every position;
     only the current chunk's logits are copied out (Llama(logits_all=True) would keep n_ctx × vocab floats)."""
@@ -147,11 +155,18 @@ class GGUFSource(Source):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(2, "No such file", str(path))
+        role = gguf_role(path)
+        if role != "target":
+            raise GGUFFileError(f"{path}: a {role} GGUF, not a language model (compare and dump-logits take the "
+                                f"target GGUF)")
         self.spec = f"gguf:{path}"
         self.path = path
         self.chunk = chunk
-        self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
-                                   verbose=False)
+        try:
+            self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
+                                       verbose=False)
+        except ValueError as e:  # llama-cpp-python's only word for a model llama.cpp refused
+            raise GGUFFileError(f"{path}: llama.cpp cannot load it ({e})") from None
         self.vocab_size = int(self.llm.n_vocab())
         self.bits_per_weight, recipe = gguf_facts(path)
         # files from a ggufbridge recipe (hq4, hq3, ...) form their own line beside llama.cpp's mixes, and the

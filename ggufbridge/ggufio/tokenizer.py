@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ggufbridge.errors import TokenizerError
 from ggufbridge.ggufio.names import Keys
+from ggufbridge.textfile import read_utf8
 
 # Pre-tokenizer regex (from tokenizer.json's Split step) → the runtime's pre-tokenizer name. The runtime only knows
 # names, so a tokenizer whose regex is not in this table cannot be converted faithfully and is refused.
@@ -160,7 +161,7 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
     template = cfg.get("chat_template")
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
-        template = jinja.read_text(encoding="utf-8")
+        template = read_utf8(jinja, TokenizerError)
     if isinstance(template, list):  # named variants; the default one is the plain template
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
                         None)

@@ -179,6 +179,19 @@ def tmp_name(final: Path, pid: int | None = None) -> Path:
     return final.with_name(f".{final.name}.{os.getpid() if pid is None else pid}.part")
 
 
+def refuse_input_as_output(dst, *inputs) -> None:
+    """An output must not replace one of the command's inputs (`quantize F16.gguf -o F16.gguf` did): same path,
+    or the same file through a link."""
+    dst = Path(dst)
+    for src in inputs:
+        if src is None:
+            continue
+        src = Path(src)
+        same = dst.resolve() == src.resolve() or (dst.exists() and src.exists() and os.path.samefile(dst, src))
+        if same:
+            raise OutputError(f"output {dst} is the input {src}: write the result under another name")
+
+
 _PART = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.part$")
 
 

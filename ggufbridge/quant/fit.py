@@ -62,7 +62,7 @@ def predict_file_type(src: Path, ftype: str, runtime=None) -> dict[str, int]:
         runtime = locate()
     exe = runtime.tool("llama-quantize")
     p = subprocess.run([str(exe), "--dry-run", str(src), qt.file_type(ftype)], capture_output=True, text=True,
-                       env=runtime.env(), input="")
+                       errors="replace", env=runtime.env(), input="")
     out = (p.stdout or "") + (p.stderr or "")
     if p.returncode != 0:
         raise QuantError(f"llama-quantize --dry-run {ftype} failed: {_error_line(out)}")

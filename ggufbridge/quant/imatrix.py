@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ggufbridge.errors import ManifestError, QuantError
 from ggufbridge.ggufio.manifest import MANIFEST, read_manifest
+from ggufbridge.ggufio.writer import refuse_input_as_output
 from ggufbridge.quant.quantize import _default_threads, _error_line
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
     coverage) unless `fill_missing` is False."""
     model = target_of(model)
     text = Path(text)
+    out = Path(out) if out is not None else model.parent / DEFAULT_NAME
+    refuse_input_as_output(out, model, text)
     if not text.is_file():
         raise QuantError(f"calibration text {text} does not exist")
     if text.stat().st_size == 0:
@@ -60,7 +63,6 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
         # the tool's own rule (tools/imatrix/imatrix.cpp:818): two contexts' worth of tokens at least
         raise QuantError(f"calibration text {text} is too short: {n_tokens} tokens, llama-imatrix needs at least "
                          f"{2 * ctx} for --ctx {ctx} (use a longer text or a smaller --ctx)")
-    out = Path(out) if out is not None else model.parent / DEFAULT_NAME
     if runtime is None:
         from ggufbridge.runtime.locate import locate
 
@@ -79,7 +81,7 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
         # keeps them (that is where the reason for a failure is)
         logfile = Path(tmp) / "imatrix.log"
         try:
-            p = subprocess.run(argv + ["--log-file", str(logfile)], capture_output=True, text=True,
+            p = subprocess.run(argv + ["--log-file", str(logfile)], capture_output=True, text=True, errors="replace",
                                env=runtime.env(), input="")
         except OSError as e:
             raise QuantError(f"cannot run {exe}: {e}") from None

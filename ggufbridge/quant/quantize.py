@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -21,11 +22,12 @@ from pathlib import Path
 
 from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
-from ggufbridge.ggufio.writer import remove_stale_parts, tmp_name
+from ggufbridge.ggufio.writer import refuse_input_as_output, remove_stale_parts, tmp_name
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.recipes import QuantRecipe, load_quant_recipe
 from ggufbridge.quant.report import KEY_FALLBACKS, KEY_RECIPE, KEY_TYPE, QuantReport, quant_report
+from ggufbridge.units import human_size
 
 log = logging.getLogger(__name__)
 
@@ -162,14 +164,15 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
         argv += [str(src), str(dst), ftype, str(threads or _default_threads())]
         log.info("quantising %s → %s (%s)", src.name, dst.name, label)
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=runtime.env(),
+            p = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=runtime.env(),
                                input="")  # a pipe, not /dev/null: the tools log nothing with stdin on /dev/null
         except OSError as e:
             raise QuantError(f"cannot run {exe}: {e}") from None
     out = (p.stdout or "") + (p.stderr or "")
     if p.returncode != 0:
         dst.unlink(missing_ok=True)
-        raise QuantError(f"llama-quantize failed ({label}, exit {p.returncode}): {_error_line(out)}")
+        raise QuantError(f"llama-quantize failed ({label}, exit {p.returncode}): {_error_line(out)}"
+                         f"{_space_note(src, dst)}")
     if rec is None:
         fallbacks = [f"{m.group(1)}: rows of {m.group(2)} are not whole {m.group(4).upper()} blocks "
                      f"({m.group(3)}) → {m.group(5).upper()}" for m in _FALLBACK_RE.finditer(out)]
@@ -185,9 +188,11 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
 
 
 @contextmanager
-def all_or_nothing(dst):
+def all_or_nothing(dst, *inputs):
     """A temporary path beside `dst` to write into (first removing what a killed run left there), renamed to `dst`
-    once the block completes. On an error or an interrupt nothing is left under either name."""
+    once the block completes. On an error or an interrupt nothing is left under either name. `dst` may not be one
+    of `inputs`."""
+    refuse_input_as_output(dst, *inputs)
     final = Path(dst)
     remove_stale_parts(final.parent)
     tmp = tmp_name(final)
@@ -200,7 +205,7 @@ def all_or_nothing(dst):
 
 def quantize_to(src, dst, **kwargs) -> QuantResult:
     """`quantize_file` into `dst`, all or nothing (`all_or_nothing`)."""
-    with all_or_nothing(dst) as tmp:
+    with all_or_nothing(dst, src, kwargs.get("imatrix")) as tmp:
         res = quantize_file(src, tmp, **kwargs)
     res.path = Path(dst)
     res.report.path = str(dst)
@@ -224,6 +229,17 @@ def _check_result(written: GGUFHeader, choices: list[TensorChoice], rec: QuantRe
         if got.get(c.name) != c.final:
             raise QuantError(f"{written.path}: {c.name} was stored as {got.get(c.name)}, recipe {rec.name} planned "
                              f"{c.final}")
+
+
+def _space_note(src: Path, dst: Path) -> str:
+    """llama-quantize reports a failed write (a full disk) only as "iostream error": name the free space when it is
+    less than the source's size (an upper bound of the output's for an unquantised source)."""
+    try:
+        free, need = shutil.disk_usage(dst.parent).free, src.stat().st_size
+    except OSError:
+        return ""
+    return (f" (only {human_size(free)} free in {dst.parent}; the output may need up to {human_size(need)})"
+            if free < need else "")
 
 
 def _error_line(out: str) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from ggufbridge.errors import QuantError
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, CLASSES, classify
+from ggufbridge.textfile import read_utf8
 
 KEPT_TYPE = "F32"  # what the converter writes for every class llama.cpp never quantises
 TOP_KEYS = {"description", "file_type", "types", "base", "tensors", "fit"}
@@ -51,7 +52,7 @@ def _read(name_or_path: str) -> tuple[dict, str, str]:
     if name_or_path.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise QuantError(f"quantisation recipe file {path} does not exist")
-        text, source, name = path.read_text(), str(path), path.stem
+        text, source, name = read_utf8(path, QuantError), str(path), path.stem
     else:
         res = _dir().joinpath(f"{name_or_path}.toml")
         if not res.is_file():

@@ -66,8 +66,8 @@ def run_foreground(srv: sv.Server, timeout: float, on_ready: Callable[[], None],
         on_ready()
         code = srv.proc.wait()
         if stopping["sig"] is None:
-            raise ServerError(f"llama-server exited unexpectedly with code {code}; last log lines ({srv.log_path}):\n"
-                              f"{sv.log_tail(srv.log_path)}")
+            raise ServerError(f"llama-server exited unexpectedly with code {code}: {sv.log_reason(srv.log_path)} "
+                              f"(log: {srv.log_path})")
         return Outcome(stopping["sig"], True, code)
     finally:
         srv.stop()

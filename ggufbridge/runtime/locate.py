@@ -248,8 +248,8 @@ def has_c_string(path: Path, text: str) -> bool:
 
 def _run(argv, rt: Runtime, timeout: float) -> tuple[bool, str]:
     try:
-        p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, env=rt.env(),
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, errors="replace", timeout=timeout,
+                           env=rt.env(), stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
     return p.returncode == 0, (p.stdout or "") + (p.stderr or "")
@@ -303,8 +303,8 @@ def probe_bindings(python: str | None = None, timeout: float = 60.0) -> Bindings
     """Import llama_cpp in a separate interpreter and list the llama/ggml/mtmd libraries it mapped."""
     python = python or sys.executable
     try:
-        p = subprocess.run([python, "-c", _BINDINGS_PROBE], capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run([python, "-c", _BINDINGS_PROBE], capture_output=True, text=True, errors="replace",
+                           timeout=timeout, stdin=subprocess.DEVNULL)
         data = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {"error": _tail(p.stderr)}
     except (OSError, subprocess.TimeoutExpired, ValueError) as e:
         data = {"error": str(e)}

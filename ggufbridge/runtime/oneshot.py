@@ -62,6 +62,7 @@ def ask_with_images(s: Session, prompt: str, images: list[str], *, draft: bool, 
                                         {"messages": [{"role": "user", "content": parts}], "max_tokens": n_predict,
                                          "temperature": temp, "seed": seed}, timeout=timeout)
             if status != 200 or not isinstance(body, dict):
-                raise ServerError(f"llama-server answered {status}: {str(body)[:300]}; last log lines:\n"
-                                  f"{sv.log_tail(log)}")
+                err = body.get("error") if isinstance(body, dict) else None
+                said = err.get("message") if isinstance(err, dict) else None
+                raise ServerError(f"llama-server answered {status}: {' '.join(str(said or body)[:300].split())}")
     return body["choices"][0]["message"].get("content") or ""

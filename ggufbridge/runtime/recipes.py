@@ -18,6 +18,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from ggufbridge.errors import RecipeError
+from ggufbridge.textfile import read_utf8
 
 # KV cache element types the runtime accepts for -ctk/-ctv (common/arg.cpp) -> GGML block size
 KV_TYPES = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "iq4_nl": 32, "q5_0": 32, "q5_1": 32}
@@ -26,7 +27,10 @@ BACKENDS = ("cpu", "cuda", "metal", "vulkan", "hip", "sycl")
 MAX_DRAFT_N = 15  # DSpark block length upstream is 16 with the anchor slot; the EXL3 recipes draft at most 15
 
 
-def _int(lo=None, hi=None):
+INT32_MAX = 2**31 - 1  # llama-server parses its integer arguments with std::stoi
+
+
+def _int(lo=None, hi=INT32_MAX):
     def check(key, v):
         if isinstance(v, bool) or not isinstance(v, int):
             raise RecipeError(f"{key}: expected an integer, found {v!r}")
@@ -36,10 +40,12 @@ def _int(lo=None, hi=None):
     return check
 
 
-def _num(lo=0.0):
+def _num(lo=0.0, hi=None):
     def check(key, v):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
             raise RecipeError(f"{key}: expected a number >= {lo}, found {v!r}")
+        if hi is not None and v > hi:
+            raise RecipeError(f"{key}: expected a number in [{lo}, {hi}], found {v!r}")
         return float(v)
     return check
 
@@ -101,7 +107,7 @@ SCHEMA = {
     },
     "draft": {
         "ctx_cap": (_int(256), 8192), "n_max": (_int(1, MAX_DRAFT_N), 8), "n_min": (_int(0), 0),
-        "p_min": (_num(), 0.0), "n_gpu_layers": (_layers, "all"),
+        "p_min": (_num(0.0, 1.0), 0.0), "n_gpu_layers": (_layers, "all"),
         "cache_type_k": (_choice(tuple(KV_TYPES)), "f16"), "cache_type_v": (_choice(tuple(KV_TYPES)), "f16"),
     },
     "rpc": {
@@ -138,7 +144,7 @@ def _load_raw(name_or_path: str) -> tuple[dict, str]:
     if name_or_path.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise RecipeError(f"recipe file {path} does not exist")
-        text, source = path.read_text(), str(path)
+        text, source = read_utf8(path, RecipeError), str(path)
     else:
         res = resources.files("ggufbridge").joinpath("recipes", f"{name_or_path}.toml")
         if not res.is_file():

@@ -80,11 +80,11 @@ def start_workers(rpc_bin: Path, devices: list[str | None], log_dir: Path, *, en
             port = int(w.endpoint.rsplit(":", 1)[1])
             while not _listening(port):
                 if w.proc.poll() is not None:
-                    raise ServerError(f"RPC worker {w.endpoint} exited with code {w.proc.returncode} at start-up; "
-                                      f"last log lines ({w.log}):\n{sv.log_tail(w.log)}")
+                    raise ServerError(f"RPC worker {w.endpoint} exited with code {w.proc.returncode} at start-up: "
+                                      f"{sv.log_reason(w.log)} (log: {w.log})")
                 if time.monotonic() > deadline:
-                    raise ServerError(f"RPC worker {w.endpoint} did not listen within {timeout:.0f} s; last log "
-                                      f"lines ({w.log}):\n{sv.log_tail(w.log)}")
+                    raise ServerError(f"RPC worker {w.endpoint} did not listen within {timeout:.0f} s: "
+                                      f"{sv.log_reason(w.log)} (log: {w.log})")
                 time.sleep(0.1)
     except BaseException:
         stop_workers(workers)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import json
+import logging
 import os
 import re
 import shlex
@@ -26,6 +28,8 @@ from ggufbridge.errors import ServerError
 from ggufbridge.runtime.artifacts import Artifacts
 from ggufbridge.runtime.plan import Plan
 from ggufbridge.runtime.recipes import Recipe
+
+log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 # llama.cpp's device names (ggml_backend_dev_name): local GPU i of a backend is PREFIX<i>, RPC worker i is RPC<i>
@@ -219,16 +223,24 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def port_free(host: str, port: int) -> bool:
+def check_bindable(host: str, port: int) -> None:
+    """Raise ServerError unless llama-server could listen on host:port: the port taken, or a --host that is no
+    address of this machine (an unknown name, another machine's address), each said as what it is."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # same option the server sets, so a port in TIME_WAIT is not mistaken for one in use
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ServerError(f"port {port} on {host} is already in use; pick another with --port") from None
+            if e.errno == errno.EACCES:
+                raise ServerError(f"port {port} on {host}: permission denied (ports below 1024 need privileges); "
+                                  f"pick another with --port") from None
+            reason = e.strerror or str(e)
+            raise ServerError(f"--host {host}: cannot listen there ({reason}); expected an address of this machine, "
+                              f"e.g. 127.0.0.1 or 0.0.0.0") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -243,6 +255,34 @@ def log_tail(path: Path, n: int = 15) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(lines[-n:])
+
+
+# llama.cpp's log lines: "0.01.673.542 E llama_model_load: error loading model: ..." (E: error level)
+_TAGGED_ERROR = re.compile(r"\d+\.\d+\.\d+\.\d+ E (.*)")
+
+
+def log_has_error(path: Path) -> bool:
+    try:
+        return any(_TAGGED_ERROR.search(ln) for ln in path.read_text(errors="replace").splitlines())
+    except OSError:
+        return False
+
+
+def log_reason(path: Path) -> str:
+    """Why a llama.cpp tool stopped, in one line: its first error-level log line (the cause; later ones are the
+    consequences), else the first line that says error, else its last line. The whole tail goes to the debug log."""
+    tail = log_tail(path, 40)
+    log.debug("last lines of %s:\n%s", path, tail)
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    for ln in lines:
+        m = _TAGGED_ERROR.search(ln)
+        if m:
+            return " ".join(m.group(1).split())
+    said = [ln for ln in lines if "error" in ln.lower()]
+    return " ".join((said[0] if said else lines[-1] if lines else "(empty log)").split())
 
 
 def http_json(url: str, body: dict | None = None, api_key: str | None = None, timeout: float = 600.0):
@@ -278,8 +318,7 @@ class Server:
         return f"http://{h}:{self.port}"
 
     def start(self) -> "Server":
-        if not port_free(self.host, self.port):
-            raise ServerError(f"port {self.port} on {self.host} is already in use; pick another with --port")
+        check_bindable(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_bytes(b"")
         self.proc = spawn(self.argv, env=self.env, log_path=self.log_path)
@@ -291,8 +330,8 @@ class Server:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerError(f"llama-server exited with code {code} during start-up; last log lines "
-                                  f"({self.log_path}):\n{log_tail(self.log_path)}")
+                raise ServerError(f"llama-server exited with code {code} during start-up: "
+                                  f"{log_reason(self.log_path)} (log: {self.log_path})")
             try:
                 status, _ = http_json(self.url + "/health", timeout=2.0)
                 if status == 200:
@@ -301,8 +340,8 @@ class Server:
                 pass  # not listening yet
             if time.monotonic() > deadline:
                 self.stop()
-                raise ServerError(f"llama-server did not become healthy within {timeout:.0f} s; last log lines "
-                                  f"({self.log_path}):\n{log_tail(self.log_path)}")
+                raise ServerError(f"llama-server did not become healthy within {timeout:.0f} s: "
+                                  f"{log_reason(self.log_path)} (log: {self.log_path})")
             time.sleep(0.2)
 
     def stop(self, timeout: float = 10.0) -> int | None:
