@@ -559,7 +559,7 @@ def _reader_dir(tmp_path: Path, shift: bool) -> Path:
     if not shift:
         return ffshim.decoder_dir(tmp_path / "cache")
     d = tmp_path / "shifted-reader"
-    d.mkdir()
+    d.mkdir(exist_ok=True)
     for name in ("ffprobe", "ffmpeg"):
         (d / name).write_text(
             f"#!{sys.executable}\nimport sys\nfrom ggufbridge.vision import ffshim, video\n"
@@ -590,7 +590,8 @@ def test_run_video_greedy_equals_transformers_generate(model, tmp_path, monkeypa
     out = convert(dck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", progress=False).out_dir
     answers = {}
     for shift in (False, True):
-        monkeypatch.setattr(ffshim, "server_args", lambda s=shift: ["--video-ffmpeg-dir", str(_reader_dir(tmp_path, s))])
+        monkeypatch.setattr(ffshim, "server_args",
+                            lambda settings=None, s=shift: ["--video-ffmpeg-dir", str(_reader_dir(tmp_path, s))])
         r = CliRunner().invoke(main, ["run", str(out), "--video", str(clip), "-p", QUESTION, "-n", str(len(cont)),
                                       "--no-think"])
         assert r.exit_code == 0, r.output
