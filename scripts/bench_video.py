@@ -7,7 +7,8 @@
 OUT_DIR is a `ggufbridge convert` folder (target + mmproj). The clip is encoded here (H.264, moving content).
 
 * reader: ggufbridge's video reader alone, in a child process (what llama-server runs for a `video_url` part):
-  probe, MiniCPM-V sampling, decoding the clip to the last sampled frame; wall time and peak RSS.
+  probe, MiniCPM-V sampling, the probe's check that decodes the clip to the last sampled frame, then the stream of
+  RGB frames (decoding again); wall time (and the probe's part) and peak RSS.
 * served: `ggufbridge serve OUT_DIR --ctx N` started as a user does; chats with the clip as a `video_url` data
   URL and max_tokens 1 (prompt cache off), after one unmeasured warm-up chat with a 2 s clip; the fastest of
   `--repeats`: time to the answer at the client (reading + frame layout + encoding + prefill), the server's
@@ -39,10 +40,33 @@ from ggufbridge.vision import video
 t0 = time.perf_counter()
 info = video.probe(sys.argv[1])
 idx = video.sample_indices(info)
-n = sum(1 for _ in video.iter_frames(sys.argv[1], idx))
+video.check_decodes(sys.argv[1], info, idx)  # what the reader's ffprobe does before it answers
+t1 = time.perf_counter()
+n = sum(1 for _ in video.iter_frames(sys.argv[1], idx))  # what its ffmpeg streams
 dt = time.perf_counter() - t0
-print(f"{dt} {n} {info.total_frames} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+print(f"{dt} {t1 - t0} {n} {info.total_frames} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
 '''
+
+
+def held_per_frame(out_dir: Path, w: int, h: int) -> dict:
+    """What llama-server holds per sampled frame until it is encoded: the RGB bitmap (libmtmd expands all frames of
+    a clip before tokenizing) and its preprocessed F32 crops (thumbnail + slices, sized by transformers' own
+    MiniCPM-V resize and slicing rules with the mmproj's slice size)."""
+    from transformers.models.minicpmv4_6.video_processing_minicpmv4_6 import MiniCPMV4_6VideoProcessor
+
+    from ggufbridge.ggufio.manifest import read_manifest
+    from ggufbridge.ggufio.reader import read_header
+
+    kv = read_header(read_manifest(out_dir).files["mmproj"].path).kv
+    size, ds = int(kv["clip.vision.image_size"]), "4x" if int(kv["clip.vision.projector.scale_factor"]) == 2 else "16x"
+    vp = MiniCPMV4_6VideoProcessor()
+    grid = vp.get_sliced_grid((h, w), int(kv.get("clip.minicpmv.max_slice_nums", 9)), size)
+    sh, sw = vp.find_best_resize((h, w), size, 14, allow_upscale=grid is None, downsample_mode=ds)
+    px = sh * sw
+    if grid is not None:
+        rh, rw = vp.get_refine_size((h, w), grid, size, 14, allow_upscale=True, downsample_mode=ds)
+        px += rh * rw
+    return {"slice_size": size, "grid": grid, "rgb_bytes": w * h * 3, "crops_f32_bytes": px * 3 * 4}
 
 
 def make_clip(path: Path, seconds: float, w: int, h: int, fps: int, seed: int = 0) -> Path:
@@ -139,8 +163,9 @@ def main() -> None:
     print(f"clips ready ({time.perf_counter() - t0:.0f} s); {clip} {clip.stat().st_size / 2**20:.1f} MiB", file=sys.stderr)
 
     r = subprocess.run([sys.executable, "-c", READER, str(clip)], capture_output=True, text=True, check=True)
-    rt, rn, rtotal, rrss = r.stdout.split()
-    reader = {"seconds": float(rt), "frames": int(rn), "stream_frames": int(rtotal), "peak_rss_bytes": int(rrss) * 1024}
+    rt, rprobe, rn, rtotal, rrss = r.stdout.split()
+    reader = {"seconds": float(rt), "probe_seconds": float(rprobe), "frames": int(rn), "stream_frames": int(rtotal),
+              "peak_rss_bytes": int(rrss) * 1024}
     print(f"reader: {reader}", file=sys.stderr)
 
     from ggufbridge.runtime import server as sv
@@ -164,8 +189,13 @@ def main() -> None:
     served = {"seconds": dt_v, "all_seconds": [r[0] for r in runs_v], "prompt_ms": out_v["timings"]["prompt_ms"], "prompt_tokens": out_v["usage"]["prompt_tokens"],
               "server_peak_rss_bytes": rss, "server_peak_rss_after_warmup_bytes": rss_warm}
     anchor = {"seconds": dt_i, "all_seconds": [r[0] for r in runs_i], "prompt_ms": out_i["timings"]["prompt_ms"], "prompt_tokens": out_i["usage"]["prompt_tokens"]}
+    per = held_per_frame(a.out_dir, w, h)
+    held = {**per, "frames": reader["frames"],
+            "expected_bytes": reader["frames"] * (per["rgb_bytes"] + per["crops_f32_bytes"]),
+            "measured_growth_bytes": rss - rss_warm}
     res = {"clip": {"path": clip.name, "seconds": a.seconds, "width": w, "height": h, "fps": a.fps,
                     "bytes": clip.stat().st_size}, "out_dir": str(a.out_dir), "reader": reader, "served": served,
+           "held_until_encoded": held,
            "anchor_one_frame_as_image": anchor,
            "ratio_served_to_anchor": {"seconds": dt_v / dt_i, "prompt_ms": served["prompt_ms"] / anchor["prompt_ms"],
                                       "prompt_tokens": served["prompt_tokens"] / anchor["prompt_tokens"]},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ggufbridge.synthetic.vision import SPEC_THW, hf_processor, random_image  # noqa: F401  (the tests' names)
@@ -50,3 +52,23 @@ def flat_prompt(chunks):
             pos.append(c.pos[:3])
             t += c.n_pos
     return ids, np.concatenate(pos, 1)
+
+
+def refit_head(ck: Path, hidden, targets, boost: float = 30.0) -> None:
+    """The least-squares head update of fixtures.confident, in place in the checkpoint folder `ck`: at each row of
+    `hidden` (transformers' last hidden states, [n, D]) the token in `targets` ([n]) gets `boost` over the rest."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    hidden, targets = hidden.double(), torch.as_tensor(targets)
+    rows = torch.unique(targets)
+    delta = torch.linalg.pinv(hidden) @ (boost * (targets[:, None] == rows[None, :]).double())
+    index = json.loads((Path(ck) / "model.safetensors.index.json").read_text())
+    shard = Path(ck) / index["weight_map"]["lm_head.weight"]
+    tensors = load_file(shard)
+    head = tensors["lm_head.weight"].double()
+    head[rows] += delta.T
+    tensors["lm_head.weight"] = head.to(tensors["lm_head.weight"].dtype).contiguous()
+    save_file(tensors, shard, metadata={"format": "pt"})

@@ -10,14 +10,13 @@ Greedy identity is checked on the same layers with a head refitted to continue e
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from _runtime_models import serve_process
-from _vision_helpers import SPEC_THW, hf_processor, random_image
+from _vision_helpers import SPEC_THW, hf_processor, random_image, refit_head
 from ggufbridge.compare import served_chat as sc
 from ggufbridge.convert import convert
 
@@ -185,7 +184,6 @@ def _decisive(ckpt, tmp_path, names: list[str], boost: float = 30.0) -> Path:
     import shutil
 
     import torch
-    from safetensors.torch import load_file, save_file
 
     ck, ref = ckpt
     out = tmp_path / "decisive-ck"
@@ -204,18 +202,7 @@ def _decisive(ckpt, tmp_path, names: list[str], boost: float = 30.0) -> Path:
         n = inputs["input_ids"].shape[1]
         hs.append(o.hidden_states[-1][0, n - 1:])
         tg += cont
-    hidden = torch.cat(hs).double()
-    targets = torch.tensor(tg)
-    rows = torch.unique(targets)
-    want = boost * (targets[:, None] == rows[None, :]).double()
-    delta = torch.linalg.pinv(hidden) @ want
-    index = json.loads((out / "model.safetensors.index.json").read_text())
-    shard = out / index["weight_map"]["lm_head.weight"]
-    tensors = load_file(shard)
-    head = tensors["lm_head.weight"].double()
-    head[rows] += delta.T
-    tensors["lm_head.weight"] = head.to(tensors["lm_head.weight"].dtype).contiguous()
-    save_file(tensors, shard, metadata={"format": "pt"})
+    refit_head(out, torch.cat(hs), tg, boost)
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import sys
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from _video_helpers import hf_processor_with_video, make_clip
-from _vision_helpers import SPEC_THW, cosines, flat_prompt, kl_rows
+from _vision_helpers import SPEC_THW, cosines, flat_prompt, kl_rows, refit_head
 from ggufbridge.errors import VisionInputError
 from ggufbridge.vision import video
 
@@ -80,26 +82,49 @@ def test_container_without_frame_count(tmp_path):
 
 
 def _audio_only(path: Path) -> Path:
+    """A container with one audio stream and no video (AAC in MP4: llama-server would take a WAV for audio)."""
     import av
 
     with av.open(str(path), "w") as c:
-        st = c.add_stream("pcm_s16le", rate=8000)
-        fr = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
-        fr.sample_rate = 8000
-        for pkt in st.encode(fr):
-            c.mux(pkt)
+        st = c.add_stream("aac", rate=8000)
+        st.layout = "mono"
+        for k in range(4):
+            fr = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            fr.sample_rate, fr.pts = 8000, k * 1024
+            for pkt in st.encode(fr):
+                c.mux(pkt)
         for pkt in st.encode():
             c.mux(pkt)
     return path
+
+
+def _bad_video(tmp_path: Path, case: str) -> Path:
+    """A file a user might send as a video that is not one: see BAD."""
+    p = tmp_path / f"{case}.mp4"
+    if case == "text":  # a text file renamed .mp4
+        p.write_text("These are my holiday notes, not a video.\n" * 20)
+    elif case.startswith("truncated"):
+        opts = {"movflags": "faststart"} if case.endswith("faststart") else None
+        raw = make_clip(tmp_path / "ok.mp4", 60, 10, codec="libx264", options=opts).read_bytes()
+        p.write_bytes(raw[: len(raw) // 3])
+    elif case == "audio":
+        p = _audio_only(tmp_path / "a.mp4")
+    return p
+
+
+BAD = {  # case -> what the one-line reason says
+    "text": "not a video",
+    "truncated-mp4": "not a video",  # the index (moov) is at the end: the header is gone
+    "truncated-faststart": "truncated or corrupt",  # the index first, then a third of the data
+    "audio": "no video stream",
+}
 
 
 @pytest.mark.parametrize("case, match", [
     ("missing", "no such video file"),
     ("empty", "empty"),
     ("garbage", "not a video|cannot read"),
-    ("truncated-mp4", "not a video"),  # the index (moov) is at the end: the header is gone
-    ("truncated-faststart", "truncated or corrupt"),  # the index first, then a third of the data
-    ("audio", "no video stream"),
+    *[(c, BAD[c]) for c in ("truncated-mp4", "truncated-faststart", "audio")],
     ("huge", "larger than the limit"),
     ("long", "more than the limit"),
 ])
@@ -109,12 +134,8 @@ def test_bad_videos(tmp_path, monkeypatch, case, match):
         p.write_bytes(b"")
     elif case == "garbage":
         p.write_bytes(b"\x00\x01not a video" * 100)
-    elif case.startswith("truncated"):
-        opts = {"movflags": "faststart"} if case.endswith("faststart") else None
-        raw = make_clip(tmp_path / "ok.mp4", 60, 10, codec="libx264", options=opts).read_bytes()
-        p.write_bytes(raw[: len(raw) // 3])
-    elif case == "audio":
-        p = _audio_only(tmp_path / "a.wav")
+    elif case.startswith("truncated") or case == "audio":
+        p = _bad_video(tmp_path, case)
     elif case == "huge":
         make_clip(p, 5, 5)
         monkeypatch.setattr(video, "MAX_PIXELS", 64 * 47)
@@ -146,6 +167,76 @@ def test_reader_programs_speak_the_helpers_protocol(tmp_path):
     np.testing.assert_array_equal(frames, np.stack(list(video.iter_frames(str(clip), [0, 10, 20, 30]))))
     bad = subprocess.run([str(d / "ffmpeg"), "-i", "cache:pipe:0", "pipe:1"], input=b"junk" * 10, capture_output=True)
     assert bad.returncode == 1 and bad.stderr.decode().count("\n") == 1
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_reader_probe_refuses_bad_videos_in_one_line(tmp_path, case):
+    """What llama-server's 400 carries (patch 0006): `ffprobe` on the request's bytes exits 1 with one line saying
+    what is wrong, before any frame is streamed -- a clip truncated after its index included (its header probes
+    fine; the probe decodes the sampled frames)."""
+    import subprocess
+
+    from ggufbridge.vision import ffshim
+
+    d = ffshim.decoder_dir(tmp_path / "cache")
+    r = subprocess.run([str(d / "ffprobe"), "-v", "quiet", "pipe:0"], input=_bad_video(tmp_path, case).read_bytes(),
+                       capture_output=True)
+    err = r.stderr.decode()
+    assert (r.returncode, r.stdout, err.count("\n")) == (1, b"", 1), (r.returncode, r.stdout, err)
+    assert re.match(r"video \(\d+ bytes\): ", err) and BAD[case] in err, err
+
+
+def test_reader_samples_with_the_models_settings(tmp_path):
+    """The programs carry the model's video settings: max_num_frames = 2 gives transformers' frames for 2 (the
+    long-clip branch); stack_frames = 3 is refused in one line (composites are not implemented)."""
+    import subprocess
+    from transformers.video_utils import load_video
+
+    from transformers.models.minicpmv4_6.video_processing_minicpmv4_6 import MiniCPMV4_6VideoProcessor
+    from ggufbridge.vision import ffshim
+
+    clip = make_clip(tmp_path / "c.mp4", 40, 10, w=64, h=48)
+    ref, _ = load_video(str(clip), backend="pyav", sample_indices_fn=partial(MiniCPMV4_6VideoProcessor().sample_frames,
+                                                                              max_num_frames=2))
+    d = ffshim.decoder_dir(tmp_path / "cache", video.VideoSettings(max_num_frames=2))
+    out = subprocess.run([str(d / "ffmpeg"), "-i", str(clip), "-f", "rawvideo", "pipe:1"], capture_output=True,
+                         check=True).stdout
+    np.testing.assert_array_equal(np.frombuffer(out, np.uint8).reshape(-1, 48, 64, 3), ref)
+    assert len(ref) == 2
+    d = ffshim.decoder_dir(tmp_path / "cache", video.VideoSettings(stack_frames=3))
+    r = subprocess.run([str(d / "ffprobe"), "pipe:0"], input=clip.read_bytes(), capture_output=True)
+    assert r.returncode == 1 and r.stderr.decode().count("\n") == 1 and "stack_frames = 3" in r.stderr.decode()
+
+
+@pytest.mark.parametrize("where", ["processor_config", "video_preprocessor_config", "preprocessor_config", "none"])
+def test_video_settings_are_read_where_transformers_reads_them(tmp_path, where):
+    """convert reads max_num_frames / stack_frames from the file transformers' video processor loads (its own
+    lookup, get_video_processor_dict, is the reference) and writes them into the mmproj."""
+    from transformers.models.minicpmv4_6.video_processing_minicpmv4_6 import MiniCPMV4_6VideoProcessor
+
+    from ggufbridge.arch.minicpmv4_7_vision import read_video_settings
+    from ggufbridge.checkpoint.model_dir import ModelDir
+    from ggufbridge.convert import convert
+    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+
+    ck = make_minicpmv47(tmp_path / "ck", "tiny")
+    pre = json.loads((ck / "preprocessor_config.json").read_text())
+    vp = {**pre, "max_num_frames": 7, "stack_frames": 3}
+    decoy = {**pre, "max_num_frames": 5, "stack_frames": 2}  # shadowed by the file before it in the lookup
+    if where == "processor_config":
+        (ck / "processor_config.json").write_text(json.dumps({"video_processor": vp}))
+        (ck / "video_preprocessor_config.json").write_text(json.dumps(decoy))
+    elif where == "video_preprocessor_config":
+        (ck / "video_preprocessor_config.json").write_text(json.dumps(vp))
+        (ck / "preprocessor_config.json").write_text(json.dumps(decoy))
+    elif where == "preprocessor_config":
+        (ck / "preprocessor_config.json").write_text(json.dumps(vp))
+    hf = {**{"max_num_frames": 128, "stack_frames": 1}, **{k: v for k, v in
+          MiniCPMV4_6VideoProcessor.get_video_processor_dict(str(ck))[0].items() if k in ("max_num_frames", "stack_frames")}}
+    assert read_video_settings(ModelDir.open(ck)) == hf
+    out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", progress=False)
+    got = video.VideoSettings.of_mmproj(out.path("mmproj"))
+    assert (got.max_num_frames, got.stack_frames) == (hf["max_num_frames"], hf["stack_frames"])
 
 
 # --- the patched runtime (slow): layout, positions, embeddings and logits against transformers -------------------
@@ -348,17 +439,42 @@ def test_served_video_matches_transformers(model, served_video, ban, tmp_path, d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("content, match", [(b"", "empty|base64|load"), (b"\x00junk" * 64, "load")])
-def test_served_bad_video_is_a_400(served_video, content, match):
-    from ggufbridge.runtime import server as sv
+@pytest.mark.parametrize("case", ["empty", *BAD])
+def test_served_bad_video_says_why(served_video, tmp_path, case):
+    """A bad `video_url` part sent with the OpenAI client to `ggufbridge serve`: 400, and the message says what is
+    wrong with the video (the reader's line, carried by patch 0006), not only that something failed to load."""
+    import openai
 
-    url = "data:video/mp4;base64," + base64.b64encode(content).decode()
-    status, body = sv.http_json(served_video[()].url + "/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]}], "max_tokens": 2})
-    assert status == 400, (status, body)
-    import re
+    raw = b"" if case == "empty" else _bad_video(tmp_path, case).read_bytes()
+    client = openai.OpenAI(base_url=served_video[()].url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(raw).decode()}},
+            {"type": "text", "text": "?"}]}])
+    assert e.value.status_code == 400
+    msg = e.value.body["message"] if isinstance(e.value.body, dict) else str(e.value)
+    if case == "empty":  # refused by llama-server itself before any reader runs
+        assert re.search("empty|base64|load", msg, re.I), msg
+    else:
+        assert re.search(rf"video \(\d+ bytes\): .*{BAD[case]}", msg), msg
 
-    assert re.search(match, json.dumps(body), re.I), body
+
+@pytest.mark.slow
+def test_stacked_frames_are_refused(tmp_path):
+    """A checkpoint whose video processor stacks sub-second frames (stack_frames = 3, not implemented): it converts
+    (pictures are unaffected), and `run --video` refuses the clip in one line, exit 2, before any server starts."""
+    from ggufbridge.cli import cli as main
+    from ggufbridge.convert import convert
+    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+
+    ck = make_minicpmv47(tmp_path / "ck", "tiny")
+    pre = json.loads((ck / "preprocessor_config.json").read_text())
+    (ck / "processor_config.json").write_text(json.dumps({"video_processor": {**pre, "stack_frames": 3}}))
+    out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", progress=False).out_dir
+    clip = make_clip(tmp_path / "c.mp4", 20, 10)
+    r = CliRunner().invoke(main, ["run", str(out), "--video", str(clip), "-p", "?"])
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "stack_frames = 3" in r.output, r.output
 
 
 @pytest.mark.slow
@@ -377,6 +493,111 @@ def test_run_video_answers_as_the_server_does(model, served_video, tmp_path):
         "chat_template_kwargs": {"enable_thinking": False}})
     assert status == 200
     assert r.output.rstrip("\n") == body["choices"][0]["message"]["content"]
+
+
+# --- `ggufbridge run --video`, greedy, against transformers' generate (slow) ----------------------------------------
+
+CONTINUATION = "A river runs through the valley."
+SHIFTED = "Two cats sleep on a warm mat."  # what the head says when the frames are one later
+
+
+def _shifted_sampler(proc):
+    """transformers' processor whose sampler takes each frame one later (int(i * fps) + 1): the wrong frames."""
+    vp = proc.video_processor
+    orig = vp.sample_frames
+    vp.sample_frames = lambda metadata, **kw: [min(i + 1, metadata.total_num_frames - 1) for i in orig(metadata, **kw)]
+    return proc
+
+
+def _decisive_video(ck, ref, clip: Path, out: Path, boost: float = 30.0) -> Path:
+    """A copy of the checkpoint whose head continues the clip's chat with CONTINUATION and the same chat read
+    with each frame one later with SHIFTED, decisively: the least-squares head update of test_served_vision's
+    _decisive, keyed on transformers' hidden states (its processor, its PyAV reader, its model)."""
+    import shutil
+
+    import torch
+
+    shutil.copytree(ck, out)
+    tok = hf_processor_with_video(ck).tokenizer
+    hs, tg = [], []
+    for proc, text in ((hf_processor_with_video(ck), CONTINUATION),
+                       (_shifted_sampler(hf_processor_with_video(ck)), SHIFTED)):
+        cont = tok.encode(text, add_special_tokens=False)
+        want = proc(text=[_chat("<unk>")], videos=[str(clip)], return_tensors="pt")
+        n = want["input_ids"].shape[1]
+        ids = torch.cat([want["input_ids"], torch.tensor([cont[:-1]])], 1)
+        tt = torch.cat([want["mm_token_type_ids"], torch.zeros(1, len(cont) - 1, dtype=torch.long)], 1)
+        with torch.no_grad():
+            o = ref(input_ids=ids, mm_token_type_ids=tt, pixel_values_videos=want["pixel_values_videos"],
+                    target_sizes_videos=want["target_sizes_videos"], output_hidden_states=True)
+        hs.append(o.hidden_states[-1][0, n - 1:])
+        tg += cont
+    refit_head(out, torch.cat(hs), tg, boost)
+    return out
+
+
+def _hf_greedy(ck, clip: Path, n: int) -> list[int]:
+    """transformers' greedy continuation (generate, do_sample=False) of the clip's chat."""
+    import torch
+
+    from ggufbridge.synthetic.checkpoint import load_reference
+
+    ref = load_reference(ck)
+    ref.config.video_token_id = ref.model.config.video_token_id = ref.config.image_token_id  # as in `model`
+    want = hf_processor_with_video(ck)(text=[_chat("<unk>")], videos=[str(clip)], return_tensors="pt")
+    with torch.no_grad():
+        out = ref.generate(input_ids=want["input_ids"], attention_mask=want["attention_mask"],
+                           mm_token_type_ids=want["mm_token_type_ids"], pixel_values_videos=want["pixel_values_videos"],
+                           target_sizes_videos=want["target_sizes_videos"], max_new_tokens=n, do_sample=False)
+    return out[0, want["input_ids"].shape[1]:].tolist()
+
+
+def _reader_dir(tmp_path: Path, shift: bool) -> Path:
+    """`--video-ffmpeg-dir` programs: ours, or (the ablation) ours with each sampled frame one later."""
+    from ggufbridge.vision import ffshim
+
+    if not shift:
+        return ffshim.decoder_dir(tmp_path / "cache")
+    d = tmp_path / "shifted-reader"
+    d.mkdir(exist_ok=True)
+    for name in ("ffprobe", "ffmpeg"):
+        (d / name).write_text(
+            f"#!{sys.executable}\nimport sys\nfrom ggufbridge.vision import ffshim, video\n"
+            "orig = video.sample_indices\n"
+            "video.sample_indices = lambda info, *a: [min(i + 1, info.total_frames - 1) for i in orig(info, *a)]\n"
+            f"sys.exit(ffshim.main({name!r}, sys.argv[1:]))\n")
+        (d / name).chmod(0o755)
+    return d
+
+
+@pytest.mark.slow
+def test_run_video_greedy_equals_transformers_generate(model, tmp_path, monkeypatch):
+    """`ggufbridge run OUT --video clip -p …` through click (its private llama-server, our reader, the patched
+    libmtmd) prints transformers' greedy continuation of the same clip and prompt (generate with its processor and
+    PyAV reader), on a head that answers this clip decisively. The ablation: the same run with a reader that
+    samples each frame one later prints the other continuation, not transformers'."""
+    from ggufbridge.cli import cli as main
+    from ggufbridge.convert import convert
+    from ggufbridge.vision import ffshim
+
+    ck, _, ref = model
+    clip = make_clip(tmp_path / "c.mp4", 30, 10, w=112, h=112, seed=11)  # frames 0, 10, 20 (ablation: 1, 11, 21)
+    dck = _decisive_video(ck, ref, clip, tmp_path / "decisive-ck")
+    tok = hf_processor_with_video(ck).tokenizer
+    cont = tok.encode(CONTINUATION, add_special_tokens=False)
+    want = _hf_greedy(dck, clip, len(cont))
+    assert want == cont  # transformers itself continues the clip decisively
+    out = convert(dck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", progress=False).out_dir
+    answers = {}
+    for shift in (False, True):
+        monkeypatch.setattr(ffshim, "server_args",
+                            lambda settings=None, s=shift: ["--video-ffmpeg-dir", str(_reader_dir(tmp_path, s))])
+        r = CliRunner().invoke(main, ["run", str(out), "--video", str(clip), "-p", QUESTION, "-n", str(len(cont)),
+                                      "--no-think"])
+        assert r.exit_code == 0, r.output
+        answers[shift] = r.output.rstrip("\n")
+    assert answers[False] == tok.decode(want)  # token for token what transformers generates
+    assert answers[True] == SHIFTED and answers[True] != tok.decode(want)  # wrong frames: another answer
 
 
 @pytest.mark.slow

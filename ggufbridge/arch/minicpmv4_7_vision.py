@@ -17,7 +17,8 @@ from ggufbridge.checkpoint.model_dir import ModelDir, load_json
 from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
 from ggufbridge.ggufio.names import (MINICPMV_CANVAS_MROPE, MINICPMV_MAX_SLICE_NUMS, MINICPMV_PROCESSOR_SLICING,
-                                    MINICPMV_USE_IMAGE_ID, Keys)
+                                    MINICPMV_USE_IMAGE_ID, MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES,
+                                    Keys)
 from ggufbridge.ggufio.names import VIT_MERGER as VIT_MERGER_PREFIX
 
 ARCH = "clip"
@@ -66,6 +67,32 @@ class VisionParams:
 def read_preprocessor(md: ModelDir) -> dict:
     path = md.file("preprocessor_config.json")
     return {} if path is None else load_json(path, "the image processor configuration")
+
+
+# transformers 5.23 MiniCPMV4_6VideoProcessor's defaults for the settings that decide which frames a clip gives
+VIDEO_DEFAULTS = {"max_num_frames": 128, "stack_frames": 1}
+MAX_VIDEO_FRAMES = 4096  # main frames per clip: more is a broken config, not a model setting
+
+
+def read_video_settings(md: ModelDir) -> dict[str, int]:
+    """`max_num_frames` and `stack_frames` of the checkpoint's video processor, looked up as transformers 5.23
+    does (processor_config.json's "video_processor", else video_preprocessor_config.json, else
+    preprocessor_config.json); its defaults where absent."""
+    cfg, where = None, "video processor"
+    path = md.file("processor_config.json")
+    if path is not None:
+        nested = load_json(path, "the processor configuration").get("video_processor")
+        if isinstance(nested, dict):
+            cfg, where = nested, "processor_config.json: video_processor"
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        path = md.file(name)
+        if cfg is None and path is not None:
+            cfg, where = load_json(path, "the video processor configuration"), name
+    c = Cfg(cfg or {}, where)
+    out = {k: c.positive(k, v) for k, v in VIDEO_DEFAULTS.items()}
+    check(out["max_num_frames"] <= MAX_VIDEO_FRAMES,
+          f"{where}: max_num_frames must be at most {MAX_VIDEO_FRAMES}, found {out['max_num_frames']}")
+    return out
 
 
 def _triple(pre: Cfg, key: str) -> tuple[float, float, float]:
@@ -213,6 +240,10 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     plan.u32(MINICPMV_MAX_SLICE_NUMS, p.max_slice_nums)
     plan.bool(MINICPMV_CANVAS_MROPE, True)
     plan.bool(MINICPMV_USE_IMAGE_ID, p.use_image_id)
+    # read by ggufbridge's video reader (vision/ffshim.py): the frames a clip contributes
+    video = read_video_settings(md)
+    plan.u32(MINICPMV_VIDEO_MAX_NUM_FRAMES, video["max_num_frames"])
+    plan.u32(MINICPMV_VIDEO_STACK_FRAMES, video["stack_frames"])
 
     def take(hf: str, want: tuple, gname: str) -> None:
         ref = md.tensors.get(hf)

@@ -56,8 +56,9 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
     extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
     if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
         from ggufbridge.vision import ffshim
+        from ggufbridge.vision.video import VideoSettings
 
-        extra += ffshim.server_args()
+        extra += ffshim.server_args(VideoSettings.of_mmproj(s.art.mmproj.path))
     opts = sv.ServeOptions(host=host, port=port, api_key=api_key, draft=draft, rpc=endpoints, threads=threads,
                            extra=extra,
                            think=think, reasoning_budget=reasoning_budget)

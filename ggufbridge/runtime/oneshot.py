@@ -31,12 +31,13 @@ def image_part(path: str) -> dict:
     return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
 
 
-def video_part(path: str) -> dict:
+def video_part(path: str, settings=None) -> dict:
     """An OpenAI-compatible `video_url` part (vLLM's convention; llama-server reads it as `input_video`): the file,
-    checked and decoded once by our reader first (clear errors before any server starts), as a data URL."""
+    checked and decoded once by our reader first with the model's video settings (clear errors before any server
+    starts), as a data URL."""
     from ggufbridge.vision.video import load_video
 
-    load_video(path)
+    load_video(path, settings=settings)
     raw = Path(path).read_bytes()
     return {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(raw).decode()}}
 
@@ -45,13 +46,15 @@ def ask_with_images(s: Session, prompt: str, images: list[str], *, draft: bool, 
                     seed: int, show_command: bool = False, timeout: float = 900.0, think: bool | None = None,
                     reasoning_budget: int | None = None, videos: list[str] = ()) -> str:
     from ggufbridge.vision import ffshim
+    from ggufbridge.vision.video import VideoSettings
 
-    parts = ([image_part(p) for p in images] + [video_part(p) for p in videos]
+    settings = VideoSettings.of_mmproj(s.art.mmproj.path)
+    parts = ([image_part(p) for p in images] + [video_part(p, settings) for p in videos]
              + [{"type": "text", "text": prompt}])
     host, port = "127.0.0.1", sv.free_port()
     argv = sv.server_argv(s.rt.bin_dir / "llama-server", s.recipe, s.plan, s.art,
                           sv.ServeOptions(host=host, port=port, draft=draft, metrics=False, think=think,
-                                          reasoning_budget=reasoning_budget, extra=ffshim.server_args()))
+                                          reasoning_budget=reasoning_budget, extra=ffshim.server_args(settings)))
     if show_command:
         click.echo(f"command: {sv.printable(argv)}", err=True)
     with tempfile.TemporaryDirectory(prefix="ggufbridge-run-") as tmp:

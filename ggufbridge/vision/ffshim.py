@@ -11,7 +11,9 @@ processor does. The `-vf fps=...` filter the helper asks for is ignored: the sam
 Protocol (what mtmd-helper.cpp sends): `ffprobe ... -show_entries stream=width,height,r_frame_rate,nb_frames,
 duration ... INPUT` prints `key=value` lines; `ffmpeg ... -i INPUT ... -f rawvideo -pix_fmt rgb24 pipe:1` writes
 width*height*3 bytes per frame. INPUT is `pipe:0` / `cache:pipe:0` (the request's bytes on stdin) or a path.
-A refused video prints one line on stderr and exits 1; the helper then fails the request.
+A refused video prints one line on stderr and exits 1; `ffprobe` decodes the sampled frames before it answers,
+so that a bad clip fails there: the helper then fails the request, and with patch 0006 llama-server's 400 carries
+that line. A model whose video processor stacks frames (`stack_frames` > 1) is refused the same way.
 """
 
 from __future__ import annotations
@@ -26,33 +28,38 @@ SCRIPT = """#!{python}
 # written by ggufbridge (vision/ffshim.py): llama-server's video reader for MiniCPM-V 4.7, not FFmpeg's {name}
 import sys
 from ggufbridge.vision.ffshim import main
-sys.exit(main({name!r}, sys.argv[1:]))
+sys.exit(main({name!r}, sys.argv[1:], max_num_frames={max_num_frames}, stack_frames={stack_frames}))
 """
 
 
-def decoder_dir(cache: Path | None = None) -> Path:
+def decoder_dir(cache: Path | None = None, settings=None) -> Path:
     """A folder holding the `ffprobe` and `ffmpeg` programs for `--video-ffmpeg-dir`, bound to this Python (its
-    interpreter and ggufbridge); written once per interpreter, atomically."""
+    interpreter and ggufbridge) and to the model's video settings (`video.VideoSettings`, default transformers');
+    written once per interpreter and settings, atomically."""
     from ggufbridge.runtime.locate import cache_dir
+    from ggufbridge.vision.video import VideoSettings
 
+    st = settings or VideoSettings()
     base = cache or cache_dir()
-    key = hashlib.sha256((sys.executable + "\n" + SCRIPT).encode()).hexdigest()[:12]
+    texts = {name: SCRIPT.format(python=sys.executable, name=name, max_num_frames=st.max_num_frames,
+                                 stack_frames=st.stack_frames) for name in ("ffprobe", "ffmpeg")}
+    key = hashlib.sha256("\n".join(texts.values()).encode()).hexdigest()[:12]
     d = base / f"video-reader-{key}"
-    for name in ("ffprobe", "ffmpeg"):
+    for name, text in texts.items():
         f = d / name
         if f.is_file():
             continue
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(SCRIPT.format(python=sys.executable, name=name))
+        tmp.write_text(text)
         tmp.chmod(0o755)
         os.replace(tmp, f)
     return d
 
 
-def server_args() -> list[str]:
-    """llama-server options that make `video_url` parts go through this reader."""
-    return ["--video-ffmpeg-dir", str(decoder_dir())]
+def server_args(settings=None) -> list[str]:
+    """llama-server options that make `video_url` parts go through this reader (with the model's settings)."""
+    return ["--video-ffmpeg-dir", str(decoder_dir(settings=settings))]
 
 
 def _input(args: list[str]) -> str:
@@ -63,28 +70,34 @@ def _input(args: list[str]) -> str:
 
 def _source(inp: str):
     if inp in ("pipe:0", "pipe:", "-", "cache:pipe:0"):
-        return io.BytesIO(sys.stdin.buffer.read()), "video"
-    return inp, inp
+        data = sys.stdin.buffer.read()
+        return io.BytesIO(data), f"video ({len(data)} bytes)"
+    return inp, f"video {inp}"
 
 
-def main(name: str, args: list[str]) -> int:
+def main(name: str, args: list[str], max_num_frames: int = 128, stack_frames: int = 1) -> int:
     from ggufbridge.errors import VisionInputError
     from ggufbridge.vision import video
 
     try:
+        video.VideoSettings(max_num_frames, stack_frames).check()
         src, label = _source(_input(args))
         if isinstance(src, io.BytesIO) and src.getbuffer().nbytes == 0:
-            raise VisionInputError("the video is empty (0 bytes)")
+            raise VisionInputError(f"{label}: the video is empty")
         with video._open(src, label) as c:
             info = video._info(c, label)
+        indices = video.sample_indices(info, max_num_frames)
+        if isinstance(src, io.BytesIO):
+            src.seek(0)
         if name == "ffprobe":
+            # decode the sampled frames once here: a truncated or corrupt clip fails the probe, whose stderr line
+            # llama-server (patch 0006) puts in its answer; a failure while frames stream would end the clip early
+            video.check_decodes(src, info, indices, label)
             sys.stdout.write(f"width={info.width}\nheight={info.height}\nr_frame_rate={info.fps!r}\n"
                              f"nb_frames={info.total_frames}\nduration={info.duration!r}\n")
             return 0
-        if isinstance(src, io.BytesIO):
-            src.seek(0)
         out = sys.stdout.buffer
-        for frame in video.iter_frames(src, video.sample_indices(info), label):
+        for frame in video.iter_frames(src, indices, label):
             if frame.shape != (info.height, info.width, 3):
                 raise VisionInputError(f"{label}: a frame of {frame.shape[1]}×{frame.shape[0]} in a stream of "
                                        f"{info.width}×{info.height} (size changes are not supported)")
@@ -92,7 +105,7 @@ def main(name: str, args: list[str]) -> int:
         out.flush()
         return 0
     except VisionInputError as e:
-        sys.stderr.write(f"ggufbridge video reader: {e}\n")
+        sys.stderr.write(f"{e}\n")
         return 1
     except BrokenPipeError:  # the helper stopped reading: nothing to report
         return 0

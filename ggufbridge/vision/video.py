@@ -108,6 +108,32 @@ def _info(container, label: str) -> VideoInfo:
     return info
 
 
+@dataclass(frozen=True)
+class VideoSettings:
+    """The checkpoint's video processor settings that decide a clip's frames (written into the mmproj by convert)."""
+    max_num_frames: int = MAX_NUM_FRAMES
+    stack_frames: int = 1
+
+    @classmethod
+    def of_mmproj(cls, path: str | os.PathLike) -> "VideoSettings":
+        """From the mmproj's keys; transformers' defaults for a file converted before they were written."""
+        from ggufbridge.ggufio.names import MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES
+        from ggufbridge.ggufio.reader import read_header
+
+        kv = read_header(path).kv
+        return cls(int(kv.get(MINICPMV_VIDEO_MAX_NUM_FRAMES, MAX_NUM_FRAMES)),
+                   int(kv.get(MINICPMV_VIDEO_STACK_FRAMES, 1)))
+
+    def check(self) -> None:
+        """Refuse what the reader cannot do as transformers does: stacked sub-second frames."""
+        if self.stack_frames != 1:
+            raise VisionInputError(
+                f"video: this model's video processor stacks sub-second frames into composites (stack_frames = "
+                f"{self.stack_frames}); ggufbridge reads clips with stack_frames = 1 only (transformers' default)")
+        if self.max_num_frames < 1:
+            raise VisionInputError(f"video: max_num_frames must be >= 1, found {self.max_num_frames}")
+
+
 def probe(path: str | os.PathLike) -> VideoInfo:
     """Check a video file without decoding it: size, a video stream, a decodable codec, frame size, frame rate,
     duration. Raises VisionInputError with one line saying what is wrong."""
@@ -131,10 +157,8 @@ def sample_indices(info: VideoInfo, max_num_frames: int = MAX_NUM_FRAMES) -> lis
     return [int(i * fps) for i in range(math.ceil(duration))]
 
 
-def iter_frames(src, indices: list[int], label: str = "video") -> Iterator[np.ndarray]:
-    """Decode `src` (a path or a binary file object) and yield the frames at `indices` (decode order, each index
-    once, as transformers' PyAV reader takes them) as H×W×3 uint8 RGB, one at a time: only the current frame is
-    held. Stops after the last wanted index."""
+def _sampled(src, indices: list[int], label: str):
+    """(index, PyAV frame) for each wanted index, decoding `src` in order and stopping after the last one."""
     import av
 
     wanted = set(indices)
@@ -147,9 +171,34 @@ def iter_frames(src, indices: list[int], label: str = "video") -> Iterator[np.nd
                 if i > last:
                     break
                 if i in wanted:
-                    yield frame.to_ndarray(format="rgb24")
+                    yield i, frame
         except av.error.FFmpegError as e:
             raise VisionInputError(f"{label}: the video data is truncated or corrupt ({e})") from None
+
+
+def iter_frames(src, indices: list[int], label: str = "video") -> Iterator[np.ndarray]:
+    """Decode `src` (a path or a binary file object) and yield the frames at `indices` (decode order, each index
+    once, as transformers' PyAV reader takes them) as H×W×3 uint8 RGB, one at a time: only the current frame is
+    held. Stops after the last wanted index."""
+    for _, frame in _sampled(src, indices, label):
+        yield frame.to_ndarray(format="rgb24")
+
+
+def check_decodes(src, info: VideoInfo, indices: list[int], label: str = "video") -> int:
+    """Decode `src` up to the last sampled frame (no RGB conversion, nothing kept) and check that every sampled
+    frame is there and of the stream's size: a truncated or corrupt clip is refused before any frame is used.
+    Returns the number of distinct sampled frames."""
+    wanted = {i for i in indices if i < info.total_frames}
+    seen = 0
+    for i, frame in _sampled(src, sorted(wanted), label):
+        if (frame.width, frame.height) != (info.width, info.height):
+            raise VisionInputError(f"{label}: frame {i} is {frame.width}×{frame.height} in a stream of "
+                                   f"{info.width}×{info.height} (size changes are not supported)")
+        seen += 1
+    if seen < len(wanted):
+        raise VisionInputError(f"{label}: the video data is truncated or corrupt (decoded {seen} of the {len(wanted)} "
+                               f"sampled frames; the stream claims {info.total_frames} frames)")
+    return seen
 
 
 @dataclass(frozen=True)
@@ -163,15 +212,16 @@ class Sampled:
         return len({i for i in self.indices if i < self.info.total_frames})
 
 
-def load_video(path: str | os.PathLike, max_num_frames: int = MAX_NUM_FRAMES) -> Sampled:
+def load_video(path: str | os.PathLike, max_num_frames: int = MAX_NUM_FRAMES,
+               settings: VideoSettings | None = None) -> Sampled:
     """Check a video file and decode it once through (frames are not kept), so that a truncated or corrupt file
-    is refused here with a clear message rather than inside the server."""
+    is refused here with a clear message rather than inside the server. `settings` (the model's) are checked
+    first and give max_num_frames."""
+    if settings is not None:
+        settings.check()
+        max_num_frames = settings.max_num_frames
     p = _check_file(path)
     info = probe(p)
     idx = sample_indices(info, max_num_frames)
-    n = sum(1 for _ in iter_frames(str(p), idx, str(p)))
-    want = Sampled(info, idx)
-    if n < want.n_frames:
-        raise VisionInputError(f"{p}: the video data is truncated or corrupt (decoded {n} of the {want.n_frames} "
-                               f"sampled frames; the stream claims {info.total_frames} frames)")
-    return want
+    check_decodes(str(p), info, idx, str(p))
+    return Sampled(info, idx)
