@@ -309,6 +309,8 @@ class Plan:
                          f"= {_gib(f['draft_kv_total'])}")
         if f.get("mmproj"):
             lines.append(f"  mmproj: {_gib(f['mmproj'])}")
+        if len(set(self.layers)) > 1:
+            lines.append(f"  layers: {_layer_ranges(self.layers)}")
         lines.append(f"  {'device':<22}" + "".join(f"{c:>12}" for c in CATEGORIES) + f"{'total':>12}{'budget':>12}")
         for p in self.pools:
             lines.append(f"  {p.name:<22}" + "".join(f"{_gib(p.use[c], 2):>12}" for c in CATEGORIES)
@@ -321,6 +323,18 @@ class Plan:
                 "n_cpu_moe": self.n_cpu_moe, "tensor_split": self.tensor_split, "fits": self.fits,
                 "figures": self.figures, "notes": self.notes, "layers": self.layers,
                 "pools": [{"name": p.name, "budget": p.budget, "use": p.use, "total": p.total} for p in self.pools]}
+
+
+def _layer_ranges(layers: list[str]) -> str:
+    """'host 0-1, rpc0 2-3, rpc1 output': consecutive blocks per pool, the output layer (last entry) named."""
+    runs: list[list] = []
+    for i, pool in enumerate(layers[:-1]):
+        if runs and runs[-1][0] == pool:
+            runs[-1][2] = i
+        else:
+            runs.append([pool, i, i])
+    parts = [f"{pool} {a}-{b}" if a != b else f"{pool} {a}" for pool, a, b in runs]
+    return ", ".join(parts) + f"; output on {layers[-1]}"
 
 
 def _gib(n: int, digits: int = 2) -> str:
