@@ -5,9 +5,12 @@
 #   scripts/patch_upstream_tests.sh        (~15 min on 2 cores: it compiles the library again with the tests)
 set -euo pipefail
 C="${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}"
-TREE=$(ls -d "$C"/src/llama.cpp-0.3.36-p* 2>/dev/null | head -1)
-[ -n "$TREE" ] || { echo "no patched tree under $C/src: run scripts/build_runtime.sh first" >&2; exit 2; }
-B="$C/tests-build"
+# the tree of the series in patches/llama.cpp now (its hash as build_runtime.sh computes it), not any older one
+PHASH=$(cd "$(dirname "$0")/.." && .venv/bin/python -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())")
+TREE="$C/src/llama.cpp-0.3.36-p$PHASH"
+[ -d "$TREE" ] || { echo "no patched tree $TREE: run scripts/build_runtime.sh first" >&2; exit 2; }
+echo "patched tree: $TREE"
+B="$C/tests-build-p$PHASH"
 TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-llama-archs)
 cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_MTMD=ON >"$B.configure.log" 2>&1
