@@ -264,11 +264,16 @@ def gguf_tensor_bytes(path: str | Path) -> int:
 CATEGORIES = ("weights", "kv", "state", "draft", "mmproj", "compute")
 
 
+# llama.cpp's device names (ggml_backend_dev_name): local GPU i of a backend is PREFIX<i>, RPC worker i is RPC<i>
+DEVICE_PREFIX = {"cuda": "CUDA", "metal": "MTL", "vulkan": "Vulkan", "hip": "ROCm", "sycl": "SYCL"}
+
+
 @dataclass
 class Pool:
     name: str
     budget: int
     use: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    device: str | None = None  # llama.cpp's name for it (RPC0, CUDA0, ...); None: the host, or a backend not named
 
     @property
     def total(self) -> int:
@@ -348,12 +353,14 @@ def _gib(n: int, digits: int = 2) -> str:
 def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool]:
     """(devices in llama.cpp order, host pool). RPC workers come first, as the runtime orders them."""
     mem = recipe.memory
-    rpc = [Pool(f"rpc{i}", int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB))
+    prefix = DEVICE_PREFIX.get(recipe.backend)
+    gpu = (lambda i: f"{prefix}{i}") if prefix else (lambda i: None)
+    rpc = [Pool(f"rpc{i}", int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB), device=f"RPC{i}")
            for i in range(rpc_workers)]
     if mem["unified"]:
-        shared = Pool("gpu0 (unified)", int((mem["gpu_gib"][0] - mem["headroom_gib"]) * GIB))
+        shared = Pool("gpu0 (unified)", int((mem["gpu_gib"][0] - mem["headroom_gib"]) * GIB), device=gpu(0))
         return rpc + [shared], shared
-    gpus = [Pool(f"gpu{i}", int((g - mem["headroom_gib"]) * GIB)) for i, g in enumerate(mem["gpu_gib"])]
+    gpus = [Pool(f"gpu{i}", int((g - mem["headroom_gib"]) * GIB), device=gpu(i)) for i, g in enumerate(mem["gpu_gib"])]
     host = Pool("host", int((mem["host_gib"] - mem["host_headroom_gib"]) * GIB))
     return rpc + gpus, host
 
@@ -367,14 +374,14 @@ def _tensor_split(devices: list[Pool]) -> list[float] | None:
     return [float(d.budget // GIB) for d in devices] if len(devices) > 1 else None
 
 
-def _assign(devices: list[Pool], n_layer: int, ngl: int) -> list[int | None]:
+def _assign(devices: list[Pool], split: list[float] | None, n_layer: int, ngl: int) -> list[int | None]:
     """Device index (None = host) of each block and, last, of the output layer, for -ngl ngl and the plan's
     --tensor-split, exactly as llama_model::load_tensors assigns them (src/llama-model.cpp:1556-1614, in float32):
     -ngl counts the output layer, so -ngl n keeps the first n_layer + 1 - n blocks on the host."""
     start = max(n_layer + 1 - ngl, 0)
     act = min(ngl, n_layer + 1) if devices else 0
     cum, acc = [], 0.0
-    for x in _tensor_split(devices) or [1.0] * len(devices):
+    for x in split or [1.0] * len(devices):
         acc = _f32(acc + x)
         cum.append(acc)
     cum = [_f32(c / acc) for c in cum]
@@ -394,7 +401,8 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     devices, host = _pools(recipe, rpc_workers)
     notes: list[str] = []
     pools = list(devices) + ([host] if host not in devices else [])
-    where = _assign(devices, target.n_layer, ngl)
+    split = _tensor_split(devices)
+    where = _assign(devices, split, target.n_layer, ngl)
     dev = [devices[w] if w is not None else host for w in where[:-1]]
     cells = -(-ctx // KV_PAD) * KV_PAD
     n_rs_seq = drf["n_max"] if draft else 0
@@ -434,7 +442,6 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
         local_gpus = [d for d in devices if not d.name.startswith("rpc")]
         (local_gpus[0] if local_gpus and srv["mmproj_offload"] else host).use["mmproj"] += mmproj_bytes
     _add_compute(recipe, target, devices, host, dev + [out_pool], cells, n_cpu_moe)
-    split = _tensor_split(devices)
     return Plan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
                 tensor_split=split, pools=pools, figures=figures, notes=notes,
                 layers=[d.name for d in dev] + [out_pool.name])

@@ -32,9 +32,6 @@ from ggufbridge.runtime.recipes import Recipe
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
-# llama.cpp's device names (ggml_backend_dev_name): local GPU i of a backend is PREFIX<i>, RPC worker i is RPC<i>
-DEVICE_PREFIX = {"cuda": "CUDA", "metal": "MTL", "vulkan": "Vulkan", "hip": "ROCm", "sycl": "SYCL"}
-_POOL = re.compile(r"^(rpc|gpu)(\d+)\b")
 _HOSTPORT = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
 
 
@@ -105,21 +102,16 @@ def _common_args(recipe: Recipe, plan: Plan, art: Artifacts, opts: ServeOptions)
     return a + list(srv["extra_args"]) + list(opts.extra)
 
 
-def plan_devices(recipe: Recipe, plan: Plan) -> list[tuple[str, str]]:
+def plan_devices(plan: Plan) -> list[tuple[str, str]]:
     """(llama.cpp device name, plan pool name) of each planned device, in the runtime's order (RPC first)."""
-    out = []
-    for p in plan.pools:
-        m = _POOL.match(p.name)
-        if m and (m.group(1) == "rpc" or recipe.backend in DEVICE_PREFIX):
-            out.append((("RPC" if m.group(1) == "rpc" else DEVICE_PREFIX[recipe.backend]) + m.group(2), p.name))
-    return out
+    return [(p.device, p.name) for p in plan.pools if p.device]
 
 
 def device_args(recipe: Recipe, plan: Plan, *, mmproj: bool, draft: bool) -> list[str]:
     """With RPC workers, exactly the planned devices. Left to itself the runtime also takes every local GPU the
     plan did not count (on a box of several GPUs, the ones `--rpc local` gave the workers), and the projector and
     the draft follow the first device, which is a worker: over the network, against the plan."""
-    devs = plan_devices(recipe, plan)
+    devs = plan_devices(plan)
     if not devs:
         return []
     a = ["--device", ",".join(name for name, _ in devs)]

@@ -71,11 +71,6 @@ class GpuSampler:
                 self.peaks[i % self.n] = max(self.peaks[i % self.n], v)
             i += 1
 
-    def reset(self) -> None:
-        if self.proc:
-            with self.lock:
-                self.peaks = [0] * self.n
-
     def per_gpu(self) -> list[int] | None:
         """The highest reading of each GPU since the last reset."""
         if not self.proc:
@@ -84,10 +79,10 @@ class GpuSampler:
         with self.lock:
             return list(self.peaks)
 
-    def max(self) -> int | None:
-        """The sum of the GPUs' peaks (one GPU: its peak)."""
+    def peaks(self) -> dict:
+        """{"gpu_peak_mib": the sum of the GPUs' peaks (one GPU: its peak), "gpu_peak_mib_per_gpu": each one}."""
         p = self.per_gpu()
-        return sum(p) if p else None
+        return {"gpu_peak_mib": sum(p) if p else None, "gpu_peak_mib_per_gpu": p}
 
     def close(self):
         if self.proc:
@@ -183,16 +178,14 @@ def cmd_measure(a) -> None:
             ttft, _, t = bn.complete_stream(srv.url, ids, a.n_predict)
             row = {"prompt_tokens": n, "prefill_tok_s": t["prompt_per_second"],
                    "decode_tok_s": t["predicted_per_second"], "ttft_s": ttft, "predicted": t["predicted_n"],
-                   "gpu_peak_mib": sampler.max(), "gpu_peak_mib_per_gpu": sampler.per_gpu(),
-                   "server_rss_peak_mib": rss_mib(srv.proc.pid)}
+                   **sampler.peaks(), "server_rss_peak_mib": rss_mib(srv.proc.pid)}
             rec["rows"].append(row)
             print(f"[{a.tag}] {json.dumps(row)}", flush=True)
     except Exception as e:  # record what was measured, and why it stopped
         rec["error"] = f"{type(e).__name__}: {e}"
         print(f"[{a.tag}] error: {rec['error']}", flush=True)
     finally:
-        rec["gpu_peak_mib"] = sampler.max()
-        rec["gpu_peak_mib_per_gpu"] = sampler.per_gpu()
+        rec.update(sampler.peaks())
         sampler.close()
         srv.stop(60)
         rpcw.stop_workers(workers)
