@@ -21,6 +21,7 @@ from ggufbridge.errors import GGUFBridgeError, OutputError
 from ggufbridge.ggufio import generation
 from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, sha256_file, write_manifest
 from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, remove_stale_parts, tmp_name, write_gguf
+from ggufbridge.outlock import exclusive
 from ggufbridge.signals import deferred
 from ggufbridge.ggufio.names import Keys
 
@@ -165,13 +166,36 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise GGUFBridgeError(f"{out}: output path exists and is not a folder")
-    if out.is_dir():  # before any download: what a dead earlier run left is settled first
-        generation.recover(out)
-        remove_stale_parts(out)
-        existing = generation.existing_outputs(out)
-        if existing and not force:
-            raise OutputError(f"{out} already holds a conversion ({', '.join(existing[:3])}"
-                              f"{', …' if len(existing) > 3 else ''}): refused; --force replaces it with this one")
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create the output folder {out}: {e.strerror or e}") from None
+    try:
+        # the folder is this run's from the existence check to the commit: a second run stops at once
+        with exclusive(out, is_folder=True):
+            return _convert_locked(model_dir, out, outtype=outtype, basename=basename, draft=draft,
+                                   draft_outtype=draft_outtype, mmproj=mmproj, mmproj_outtype=mmproj_outtype,
+                                   downsample=downsample, progress=progress, quant=quant, recipe=recipe,
+                                   imatrix=imatrix, revision=revision, force=force, allow_nonfinite=allow_nonfinite,
+                                   fit=fit, qlabel=qlabel)
+    finally:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+
+
+def _convert_locked(model_dir, out: Path, *, outtype, basename, draft, draft_outtype, mmproj, mmproj_outtype,
+                    downsample, progress, quant, recipe, imatrix, revision, force, allow_nonfinite, fit,
+                    qlabel) -> ConvertResult:
+    from ggufbridge.quant import pipeline as qp
+
+    # before any download: what a dead earlier run left is settled first
+    generation.recover(out)
+    remove_stale_parts(out)
+    existing = generation.existing_outputs(out)
+    if existing and not force:
+        raise OutputError(f"{out} already holds a conversion ({', '.join(existing[:3])}"
+                          f"{', …' if len(existing) > 3 else ''}): refused; --force replaces it with this one")
     model_dir = resolve_model_dir(model_dir, revision=revision, progress=progress)
     if draft is not None:
         draft = resolve_model_dir(draft, progress=progress)
@@ -182,8 +206,6 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     for note in notes:  # notes are logged here only, once; sanity warnings at WARNING
         (log.warning if "warning" in note else log.info)(note)
 
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     written: list[tuple[str, Written, str]] = []
     manifest_tmp = tmp_name(out / MANIFEST)
     total = sum(t.source_bytes for o in outputs for t in o.plan.tensors)
@@ -223,7 +245,5 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
         manifest_tmp.unlink(missing_ok=True)
         for _, w, _ in written:
             w.discard()
-        if created and not any(out.iterdir()):
-            out.rmdir()
         raise
     return ConvertResult(out, files, notes)

@@ -108,8 +108,9 @@ def _check_unlisted(manifest: Manifest, report: VerifyReport) -> None:
     """A GGUF beside the manifest but not in it (an older conversion's) is what a user picking a file by name
     may load by mistake: reported as a failure. An importance matrix (general.type "imatrix") is a note."""
     listed = {f.path.name for f in manifest.files.values()}
-    for p in sorted(manifest.path.parent.glob("*.gguf")):
-        if p.name in listed or p.name.startswith("."):
+    # the extension in any case: llama.cpp loads EXTRA.GGUF as readily as extra.gguf
+    for p in sorted(manifest.path.parent.iterdir()):
+        if p.suffix.lower() != ".gguf" or p.name in listed or p.name.startswith("."):
             continue
         try:
             kind = read_header(p).kv.get("general.type")

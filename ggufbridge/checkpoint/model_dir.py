@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.checkpoint.layout import canonicalize
+from ggufbridge import untrusted
 from ggufbridge.checkpoint.safetensors import TensorRef, read_header
 from ggufbridge.errors import CheckpointError, ConfigError
 
@@ -45,16 +45,9 @@ def resolve_model_dir(spec: str | os.PathLike, *, revision: str | None = None, p
 
 
 def load_json(path: Path, what: str) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path.parent.name}: missing {path.name} ({what})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: unreadable ({e})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not path.exists():
+        raise ConfigError(f"{path.parent.name}: missing {path.name} ({what})")
+    data = untrusted.load_json(path, ConfigError, max_bytes=64 << 20, what=what)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
     return data
@@ -95,10 +88,10 @@ def index_tensors(path: Path) -> tuple[dict[str, TensorRef], list[Path]]:
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index_file}: no weight_map")
-        shard_names = sorted(set(weight_map.values()))
-        for s in shard_names:
+        for s in weight_map.values():
             if not isinstance(s, str) or "/" in s or "\\" in s or s.startswith("."):
-                raise CheckpointError(f"{index_file}: shard name {s!r} is not a plain file name")
+                raise CheckpointError(f"{index_file}: shard name {str(s)[:60]!r} is not a plain file name")
+        shard_names = sorted(set(weight_map.values()))
         missing = [s for s in shard_names if not (path / s).is_file()]
         if missing:
             raise CheckpointError(f"{path}: the index names missing shard file(s): {', '.join(missing)}")

@@ -8,7 +8,6 @@ process's resident set until the mapping goes away, which defeats bounded-memory
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufbridge.errors import CheckpointError
+from ggufbridge.untrusted import parse_json
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -90,6 +90,10 @@ def to_f32(a: np.ndarray, dtype: str) -> np.ndarray:
     raise CheckpointError(f"expected a floating-point tensor, found dtype {dtype}")
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def read_header(path: Path) -> tuple[dict[str, TensorRef], dict[str, str]]:
     """Parse and validate one shard's header. Returns (tensors by name, __metadata__)."""
     try:
@@ -108,26 +112,29 @@ def read_header(path: Path) -> tuple[dict[str, TensorRef], dict[str, str]]:
             raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path.name}: safetensors header is not valid JSON ({e})") from None
+    header = parse_json(raw, f"{path.name}: safetensors header", CheckpointError, max_bytes=MAX_HEADER_BYTES)
     if not isinstance(header, dict):
         raise CheckpointError(f"{path.name}: safetensors header is not a JSON object")
 
     data_start = 8 + n
     data_len = size - data_start
     meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CheckpointError(f"{path.name}: __metadata__ expected an object of strings, found {str(meta)[:60]}")
     tensors: dict[str, TensorRef] = {}
     spans = []
     for name, info in header.items():
         try:
-            dtype = info["dtype"]
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
+            dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        except (KeyError, TypeError):
             raise CheckpointError(f"{path.name}: malformed header entry for tensor {name!r}") from None
-        if dtype not in DTYPES:
+        # integers only, as the safetensors library requires: 512.7 is not a dimension (int() would take 512)
+        if (not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2
+                or not all(_is_int(x) for x in shape + offsets)):
+            raise CheckpointError(f"{path.name}: tensor {name!r} needs an integer shape and two integer data_offsets, "
+                                  f"found shape {str(shape)[:40]} and data_offsets {str(offsets)[:40]}")
+        shape, (begin, end) = tuple(shape), offsets
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise CheckpointError(f"{path.name}: tensor {name} has unsupported dtype {dtype!r}")
         if any(d < 0 for d in shape):
             raise CheckpointError(f"{path.name}: tensor {name} has a negative dimension {shape}")

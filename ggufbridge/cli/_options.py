@@ -21,13 +21,28 @@ is still accepted for a mix in convert and quantize, with a one-line deprecation
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import resources
 
 import click
 
+from ggufbridge.runtime.recipes import MAX_THREADS
+
 # every integer option's upper bound: values reach llama.cpp as C ints (std::stoi) or int32 GGUF/ctypes fields
 INT32_MAX = 2**31 - 1
+MAX_BYTES = 2**60  # a byte-size option beyond an exbibyte is a typo
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, which lets `nan` through (every comparison with NaN is false) and `inf` past an open
+    upper end: every float option is this one."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"expected a finite number, found {value!r}", param, ctx)
+        return v
 
 
 def _names(*parts: str) -> str:
@@ -58,10 +73,10 @@ recipe = _option("--recipe", "recipe_name", default="cpu", show_default=True, me
 draft = _option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
 ctx = _option("--ctx", type=click.IntRange(256, INT32_MAX), default=None, show_default=True,
               help="Context size (default: the plan's).")
-threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None, help="CPU threads for llama-server.")
+threads = _option("--threads", type=click.IntRange(1, MAX_THREADS), default=None, help="CPU threads for llama-server.")
 llama_bin = _option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
                     help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")
-timeout = _option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True,
+timeout = _option("--timeout", type=FiniteFloatRange(1), default=900.0, show_default=True,
                   help="Seconds to wait for llama-server's /health.")
 n_predict = _option("-n", "--n-predict", type=click.IntRange(1, INT32_MAX), default=256, show_default=True,
                     help="Tokens to generate.")
@@ -96,12 +111,15 @@ class ByteSize(click.ParamType):
     name = "BYTES"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BYTES:
             return value
         m = _SIZE.match(str(value))
         if not m:
             self.fail(f"expected a byte count such as 20000000000, 20GB or 18.5GiB, found {value!r}", param, ctx)
-        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if not n <= MAX_BYTES:  # also inf, from a number of hundreds of digits
+            self.fail(f"expected at most {MAX_BYTES} bytes, found {value!r}", param, ctx)
+        return int(n)
 
 
 fit_bytes = _option("--fit-bytes", type=ByteSize(), default=None,
@@ -112,7 +130,7 @@ quant_type = _option("--quant", default=None, metavar="TYPE",
                           "own mix.")
 imatrix = _option("--imatrix", type=click.Path(dir_okay=False), default=None,
                   help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
-quant_threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None,
+quant_threads = _option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
                         help="CPU threads (default: up to 8).")
 
 MIX_DEPRECATED = ("warning: --recipe for a quantisation mix is deprecated, use --mix (--recipe names a hardware "

@@ -54,15 +54,13 @@ def command(ggufs, reference, eval_path, text_path, ctx, chunk, hf_dtype, floor,
 
     GGUFS are .gguf paths; exl3:DIR (EXL3 packs, CUDA only) and hf:DIR may be listed too, for like-for-like tables."""
     from ggufbridge.compare import report
-    from ggufbridge.compare.run import compare, merge_file
+    from ggufbridge.compare.run import compare
 
     check_eval_choice(eval_path, text_path)
     report.check_outputs([eval_path, text_path, reference, *ggufs, *merge_paths], json_path=json_path,
                          md_path=md_path, plot_path=plot_path)
     cmp = compare(reference, list(ggufs), eval_path=eval_path, text_path=text_path, ctx=ctx, chunk=chunk, floor=floor,
-                  hf_dtype=hf_dtype, progress=progress)
-    for path in merge_paths:
-        merge_file(cmp, path)
+                  hf_dtype=hf_dtype, progress=progress, merge_paths=merge_paths)
     click.echo(report.to_markdown(cmp), nl=False)
     if json_path:
         report.write_json(cmp, json_path)

@@ -30,7 +30,7 @@ def assistant_text(transcript: str) -> str:
 @opt.recipe()
 @opt.draft()
 @opt.n_predict()
-@click.option("--temp", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--temp", type=opt.FiniteFloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--seed", type=click.IntRange(max=opt.INT32_MAX), default=0, show_default=True)
 @opt.ctx(default=4096, help="Context size.")
 @click.option("--image", "images", type=click.Path(dir_okay=False), multiple=True,

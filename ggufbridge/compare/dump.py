@@ -31,6 +31,7 @@ import numpy as np
 
 from ggufbridge.compare.metrics import TopK
 from ggufbridge.errors import LogitsMismatch
+from ggufbridge.untrusted import parse_json
 
 FORMAT = "ggufbridge.logits"
 VERSION = 1
@@ -143,9 +144,10 @@ class DumpReader:
             raise LogitsMismatch(f"{path}: not a safetensors file ({e})") from None
         if raw is None or offsets is None:
             raise LogitsMismatch(f"{path}: not a ggufbridge logits dump (no {FORMAT} metadata)")
-        meta = json.loads(raw)
-        if meta.get("version") != VERSION:
-            raise LogitsMismatch(f"{path}: dump format version {meta.get('version')}, expected {VERSION}")
+        meta = parse_json(raw, f"{path}: {FORMAT} metadata", LogitsMismatch)
+        if not isinstance(meta, dict) or meta.get("version") != VERSION:
+            version = meta.get("version") if isinstance(meta, dict) else None
+            raise LogitsMismatch(f"{path}: dump format version {version}, expected {VERSION}")
         missing = set(REQUIRED) - names
         if missing:
             raise LogitsMismatch(f"{path}: dump lacks tensors {sorted(missing)}")

@@ -18,6 +18,7 @@ import numpy as np
 
 from ggufbridge.errors import EvalDataError
 from ggufbridge.textfile import read_utf8
+from ggufbridge.untrusted import parse_json
 
 DEFAULT_KIND = "default"
 Tokenize = Callable[[str], list[int]]
@@ -58,10 +59,7 @@ def _parse_jsonl(path: Path) -> list[dict]:
     for lineno, line in enumerate(read_utf8(path, EvalDataError).split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EvalDataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+        obj = parse_json(line, f"{path}:{lineno}", EvalDataError)
         if not isinstance(obj, dict) or ("ids" in obj) == ("text" in obj):
             raise EvalDataError(f"{path}:{lineno}: expected an object with exactly one of 'ids' or 'text'")
         kind = obj.get("kind", DEFAULT_KIND)

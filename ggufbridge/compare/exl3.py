@@ -25,7 +25,8 @@ import os
 import sys
 from pathlib import Path
 
-from ggufbridge.errors import DeviceUnavailable, GGUFBridgeError
+from ggufbridge.errors import ConfigError, DeviceUnavailable, GGUFBridgeError
+from ggufbridge.untrusted import load_json
 
 ARCH = "MiniCPMV4_7ForConditionalGeneration"
 # exllamav3 architecture strings that hold the Qwen3.5-MoE text model reading top-level config fields, newest
@@ -51,8 +52,8 @@ def text_only_config(config: dict) -> dict:
 def text_only_view(src, dst) -> Path:
     """Folder `dst` holding symlinks to every file of `src` except config.json, which is the text-only config."""
     src, dst = Path(src).resolve(), Path(dst)
-    cfg = json.loads((src / "config.json").read_text())
-    archs = cfg.get("architectures") or []
+    cfg = load_json(src / "config.json", ConfigError, max_bytes=64 << 20, what="model configuration")
+    archs = (cfg.get("architectures") if isinstance(cfg, dict) else None) or []
     if archs != [ARCH]:
         raise GGUFBridgeError(f"{src}/config.json: architectures must be [{ARCH!r}], found {archs}")
     dst.mkdir(parents=True, exist_ok=True)

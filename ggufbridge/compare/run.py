@@ -22,6 +22,7 @@ from ggufbridge.compare.sources import (LogitsSource, Source, gguf_role, hub_mod
                                        parse_spec, require_device_for)
 from ggufbridge.errors import EvalDataError, GGUFBridgeError, LogitsMismatch
 from ggufbridge.textfile import read_utf8
+from ggufbridge.untrusted import load_json
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +163,12 @@ def _language_models(candidates: list[str], labels: list[str]) -> tuple[list[str
 
 def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
             chunk: int | None = None, floor: bool | None = None, hf_dtype: str = "float32",
-            progress: bool = False) -> Comparison:
-    """Compare each candidate (GGUF files; also exl3:/hf: models) against the reference on an eval set."""
+            progress: bool = False, merge_paths=()) -> Comparison:
+    """Compare each candidate (GGUF files; also exl3:/hf: models) against the reference on an eval set; then
+    `merge` the results of earlier `compare --json` files, which are read and checked first, before any model runs."""
     if not candidates:
         raise GGUFBridgeError("no candidate model given")
+    merges = [(read_merge_file(p), str(p)) for p in merge_paths]
     chunk = _cap_chunk(chunk, ctx)
     shown, labels = reference, [_label(c) for c in candidates]
     # hub models (hf://, ms://) are downloaded here, once, with progress; from then on they are hf: folders
@@ -213,10 +216,13 @@ def compare(reference: str, candidates: list[str], *, eval_path=None, text_path=
             floor_note = "not measured (--no-floor)"
         else:
             floor_note = "not measured (needs an hf: reference or a dump made from one)"
-    return Comparison(reference=shown, results=results, floor=floor_summary, floor_note=floor_note,
-                      n_rows=len(rows), n_tokens=sum(len(r.ids) for r in rows), ctx=ctx,
-                      eval_source=str(eval_path or text_path), eval_sha256=evalset.set_hash(rows),
-                      reference_id=fingerprint(reference))
+    cmp = Comparison(reference=shown, results=results, floor=floor_summary, floor_note=floor_note,
+                     n_rows=len(rows), n_tokens=sum(len(r.ids) for r in rows), ctx=ctx,
+                     eval_source=str(eval_path or text_path), eval_sha256=evalset.set_hash(rows),
+                     reference_id=fingerprint(reference))
+    for other, source in merges:
+        merge(cmp, other, source)
+    return cmp
 
 
 def fingerprint(spec: str) -> str:
@@ -256,15 +262,24 @@ def merge(cmp: Comparison, other: dict, source: str) -> None:
     cmp.notes.append(f"merged {len(other.get('results', []))} result(s) from {source}")
 
 
-def merge_file(cmp: Comparison, path) -> None:
-    """`merge` the results stored in a `compare --json` file."""
-    import json
+def read_merge_file(path) -> dict:
+    """A `compare --json` file, read and checked in full (before any model runs: a bad file is refused at once)."""
+    other = load_json(path, GGUFBridgeError, max_bytes=256 << 20, what="compare --json file")
+    if not isinstance(other, dict) or not isinstance(other.get("results", []), list):
+        raise GGUFBridgeError(f"{path}: not a compare --json file (expected an object with a \"results\" list)")
+    for i, r in enumerate(other.get("results", [])):
+        if not isinstance(r, dict) or not isinstance(r.get("label"), str) or not isinstance(r.get("candidate"), str):
+            raise GGUFBridgeError(f"{path}: results[{i}] expected an object with string \"label\" and \"candidate\"")
+        for key in ("bits_per_weight", "file_bytes"):
+            if r.get(key) is not None and (isinstance(r[key], bool) or not isinstance(r[key], (int, float))):
+                raise GGUFBridgeError(f"{path}: results[{i}].{key} expected a number, found {str(r[key])[:40]}")
+        if r.get("family") is not None and not isinstance(r["family"], str):
+            raise GGUFBridgeError(f"{path}: results[{i}].family expected a string, found {str(r['family'])[:40]}")
+    for key in ("eval_sha256", "reference_id"):
+        if not isinstance(other.get(key), str):
+            raise GGUFBridgeError(f"{path}: not a compare --json file ({key} missing)")
+    return other
 
-    try:
-        other = json.loads(Path(path).read_text(encoding="utf-8"))
-    except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for a binary file
-        raise GGUFBridgeError(f"{path}: not a compare --json file ({getattr(e, 'msg', None) or e})") from None
-    merge(cmp, other, str(path))
 
 
 def _hf_float32(path):

@@ -18,7 +18,6 @@ meaning, a folder read through transformers: the `://` tells the two apart.
 
 from __future__ import annotations
 
-import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -30,7 +29,8 @@ from ggufbridge.checkpoint import hub
 from ggufbridge.checkpoint.hub import HubSpec
 from ggufbridge.compare.evalset import Row
 from ggufbridge.compare.metrics import Dense, TopK
-from ggufbridge.errors import DeviceUnavailable, GGUFBridgeError, GGUFFileError, LogitsMismatch
+from ggufbridge.errors import ConfigError, DeviceUnavailable, GGUFBridgeError, GGUFFileError, LogitsMismatch
+from ggufbridge.untrusted import load_json
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +111,9 @@ class HFSource(Source):
         cfg_path = Path(path) / "config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(2, "No such file (hf: needs a checkpoint folder)", str(cfg_path))
-        config = json.loads(cfg_path.read_text())
-        archs = config.get("architectures") or []
-        cls = getattr(transformers, archs[0], None) if archs else None
+        config = load_json(cfg_path, ConfigError, max_bytes=64 << 20, what="model configuration")
+        archs = (config.get("architectures") if isinstance(config, dict) else None) or []
+        cls = getattr(transformers, archs[0], None) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
         if cls is None:
             raise GGUFBridgeError(f"{cfg_path}: architecture {archs} is not available in transformers "
                                   f"{transformers.__version__}")

@@ -10,13 +10,14 @@ GGUFs that its manifest does not describe.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path, PurePosixPath
 
+from ggufbridge.errors import ManifestError
 from ggufbridge.ggufio.manifest import MANIFEST
 from ggufbridge.ggufio.writer import part_pid, pid_alive, tmp_name
+from ggufbridge.untrusted import load_json
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +27,14 @@ def existing_outputs(out: Path) -> list[str]:
     if not out.is_dir():
         return []
     return sorted(p.name for p in out.iterdir()
-                  if not p.name.startswith(".") and (p.name == MANIFEST or p.suffix == ".gguf"))
+                  if not p.name.startswith(".") and (p.name == MANIFEST or p.suffix.lower() == ".gguf"))
 
 
 def _listed(manifest: Path) -> set[str]:
     try:
-        data = json.loads(manifest.read_text())
+        data = load_json(manifest, ManifestError, max_bytes=16 << 20, what="manifest")
         return {f["path"] for f in data["files"] if _plain_name(f["path"])}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ManifestError, KeyError, TypeError):
         return set()
 
 
@@ -61,9 +62,9 @@ def recover(out: Path) -> None:
         if pid is None or pid_alive(pid):
             continue
         try:
-            files = json.loads(pending.read_text())["files"]
+            files = load_json(pending, ManifestError, max_bytes=16 << 20, what="manifest")["files"]
             entries = [(f["path"], int(f["bytes"])) for f in files]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ManifestError, ValueError, KeyError, TypeError):
             continue  # cut while being written: its GGUFs were never renamed; remove_stale_parts deletes it
         renames, complete = [], True
         for rel, size in entries:

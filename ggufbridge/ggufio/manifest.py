@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from ggufbridge import __version__
 from ggufbridge.errors import ManifestError
+from ggufbridge.untrusted import load_json
 
 MANIFEST = "manifest.json"
 ROLES = ("target", "mmproj", "draft")
@@ -77,10 +78,7 @@ def read_manifest(out_dir: str | Path) -> Manifest:
     mpath = out / MANIFEST
     if not mpath.is_file():
         raise ManifestError(f"{out}: no {MANIFEST} (expected a folder written by `ggufbridge convert`)")
-    try:
-        data = json.loads(mpath.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{mpath} is not valid JSON ({e})") from None
+    data = load_json(mpath, ManifestError, max_bytes=16 << 20, what="manifest")
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         raise ManifestError(f"{mpath}: expected an object with a \"files\" list, found {type(data).__name__}"
                             + ("" if not isinstance(data, dict) else f" with keys {sorted(data)}"))
@@ -94,7 +92,8 @@ def read_manifest(out_dir: str | Path) -> Manifest:
             raise ManifestError(f"{where}: role expected one of {', '.join(ROLES)}, found {role!r}")
         if role in files:
             raise ManifestError(f"{where}: a second {role!r} file; expected at most one per role")
-        if not isinstance(rel, str) or not rel or PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+        if (not isinstance(rel, str) or not rel or "\0" in rel or PurePosixPath(rel).is_absolute()
+                or ".." in PurePosixPath(rel).parts):
             raise ManifestError(f"{where}: path expected a relative path inside OUT_DIR, found {rel!r}")
         size = entry.get("bytes")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -110,7 +109,7 @@ def read_manifest(out_dir: str | Path) -> Manifest:
     if not isinstance(source, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in source.items()):
         raise ManifestError(f"{mpath}: source expected an object of file name -> sha256, found {source!r}")
     for name in source:
-        if not name or PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+        if not name or "\0" in name or PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
             raise ManifestError(f"{mpath}: source file name expected inside the checkpoint folder, found {name!r}")
     extra = {k: v for k, v in data.items() if k not in ("files", "source")}
     return Manifest(mpath, files, source, extra)

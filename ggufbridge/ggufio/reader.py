@@ -160,6 +160,24 @@ class _Reader:
         return self.unpack(_SCALARS[vt])
 
 
+MAX_ELEMENTS = 2**63 - 1  # ggml counts elements and bytes in int64
+
+
+def _tensor_nbytes(path: Path, name: str, dims: tuple[int, ...], t: GGMLQuantizationType) -> int:
+    """The tensor's byte size from its dimensions, exactly (Python integers: a product that would wrap in 64 bits,
+    as numpy's did, is refused rather than read as 0 or negative)."""
+    block, bsize = GGML_QUANT_SIZES[t]
+    n = 1
+    for d in dims:
+        n *= d
+    if n > MAX_ELEMENTS or n * bsize // block > MAX_ELEMENTS:
+        raise GGUFFileError(f"{path}: tensor {name} has dimensions {list(dims)} whose product overflows 64 bits")
+    if dims and dims[0] % block:
+        raise GGUFFileError(f"{path}: tensor {name} is {t.name} with rows of {dims[0]} values, not a multiple of "
+                            f"its block of {block}")
+    return n // block * bsize
+
+
 def read_header(path: str | Path) -> GGUFHeader:
     """Metadata and tensor table of a GGUF v2/v3 file (no tensor data is read)."""
     path = Path(path)
@@ -193,9 +211,7 @@ def read_header(path: str | Path) -> GGUFHeader:
                     t = GGMLQuantizationType(qt)
                 except ValueError:
                     raise GGUFFileError(f"{path}: tensor {name} has unknown GGML type {qt}") from None
-                block, bsize = GGML_QUANT_SIZES[t]
-                n = int(np.prod(dims, dtype=np.int64)) if dims else 1
-                tensors.append(TensorInfo(name, tuple(int(d) for d in dims), t.name, n // block * bsize, offset))
+                tensors.append(TensorInfo(name, dims, t.name, _tensor_nbytes(path, name, dims, t), offset))
             # a file cut short keeps a whole header: only the data section's end against the file size tells
             align = kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
             align = align if isinstance(align, int) and align > 0 else GGUF_DEFAULT_ALIGNMENT

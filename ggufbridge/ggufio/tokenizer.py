@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import TokenizerError
 from ggufbridge.ggufio.names import Keys
 from ggufbridge.textfile import read_utf8
+from ggufbridge.untrusted import load_json
 
 # Pre-tokenizer regex (from tokenizer.json's Split step) → the runtime's pre-tokenizer name. The runtime only knows
 # names, so a tokenizer whose regex is not in this table cannot be converted faithfully and is refused.
@@ -40,12 +40,9 @@ class Vocab:
 
 
 def _load(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TokenizerError(f"{path.parent}: missing {path.name}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"{path}: unreadable tokenizer file ({e})") from None
+    if not path.exists():
+        raise TokenizerError(f"{path.parent}: missing {path.name}")
+    return load_json(path, TokenizerError, max_bytes=256 << 20, what="tokenizer file")
 
 
 def _split_regex(pre: dict | None) -> str | None:
@@ -99,9 +96,16 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
     special: set[int] = set()
     added_non_special: set[int] = set()
     for text, i in vocab.items():
-        if not isinstance(i, int) or i < 0:
-            raise TokenizerError(f"{tj}: token {text!r} has invalid id {i!r}")
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise TokenizerError(f"{tj}: token {text[:40]!r} has invalid id {str(i)[:20]}")
+        if i in by_id:  # a second token on one id would silently replace the first
+            raise TokenizerError(f"{tj}: model.vocab gives id {i} to both {by_id[i][:40]!r} and {text[:40]!r}")
         by_id[i] = text
+    if max(by_id) != len(by_id) - 1:  # unique ids, so dense means exactly 0 .. len-1
+        gap = next(i for i in range(len(by_id)) if i not in by_id)
+        raise TokenizerError(f"{tj}: model.vocab ids must be 0 .. {len(by_id) - 1} without gaps, but id {gap} is "
+                             f"missing (highest id {max(by_id)})")
+    added_ids: set[int] = set()
     added = data.get("added_tokens") or []
     if not isinstance(added, list):
         raise TokenizerError(f"{tj}: added_tokens expected a list, found {type(added).__name__}")
@@ -109,8 +113,11 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
         if not isinstance(at, dict):
             raise TokenizerError(f"{tj}: malformed added token {at!r:.80}")
         i, text = at.get("id"), at.get("content")
-        if not isinstance(i, int) or not isinstance(text, str) or i < 0:
+        if isinstance(i, bool) or not isinstance(i, int) or not isinstance(text, str) or i < 0:
             raise TokenizerError(f"{tj}: malformed added token {at!r:.80}")
+        if i in added_ids:
+            raise TokenizerError(f"{tj}: added_tokens gives id {i} twice")
+        added_ids.add(i)
         if i in by_id and by_id[i] != text:
             raise TokenizerError(f"{tj}: id {i} is both {by_id[i]!r} and added token {text!r}")
         by_id[i] = text
@@ -155,7 +162,10 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
     ids = {t: i for i, t in enumerate(tokens)}
 
     def special_id(key: str, fallback: str | None) -> int | None:
-        text = _token_text(cfg.get(key)) or fallback
+        named = _token_text(cfg.get(key))
+        if named and named not in ids:  # named explicitly, so the model relies on it
+            raise TokenizerError(f"{cfg_path}: {key} {named[:40]!r} is not a token of {tj.name}")
+        text = named or fallback
         return ids.get(text) if text else None
 
     template = cfg.get("chat_template")
@@ -164,7 +174,12 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
         template = read_utf8(jinja, TokenizerError)
     if isinstance(template, list):  # named variants; the default one is the plain template
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                        None)
+                        "")
+    if template is not None and (not isinstance(template, str) or not template.strip()):
+        # said, not dropped in silence: the GGUF would carry no template and chats would use the runtime's guess
+        where = jinja if jinja.is_file() else cfg_path
+        raise TokenizerError(f"{where}: the chat template is {'empty' if isinstance(template, str) else 'not a string'}"
+                             f" ({type(template).__name__}); expected the model's Jinja chat template")
     return Vocab(
         tokens=tokens,
         types=types,
@@ -173,7 +188,7 @@ def read_vocab(model_dir: Path, n_vocab: int) -> Vocab:
         bos_id=special_id("bos_token", "<|endoftext|>"),
         eos_id=special_id("eos_token", "<|im_end|>"),
         pad_id=special_id("pad_token", "<|endoftext|>"),
-        chat_template=template if isinstance(template, str) and template else None,
+        chat_template=template,
         ids=ids,
     )
 

@@ -228,8 +228,45 @@ def remove_stale_parts(folder: Path) -> list[Path]:
     return removed
 
 
+# Elements per step of the scans and the encoding: every temporary (bit masks, float32 widening, the encoded bytes)
+# is at most a few times this, never a multiple of the whole tensor (a 0.95 GiB embedding would add ~1.4 GiB).
+# A multiple of every block size (32, 256), so that a piece of whole rows or of one row quantises as the row does.
+CHUNK = 1 << 22
+
+
+def pieces(a: np.ndarray):
+    """`a` in row-major order as flat arrays of at most CHUNK elements (a longer row is cut at CHUNK boundaries);
+    views where `a` is contiguous, copies of one piece where it is not."""
+    if a.ndim == 0:
+        yield a.reshape(1)
+        return
+    if a.ndim == 1:
+        for i in range(0, a.size, CHUNK):
+            yield a[i:i + CHUNK]
+        return
+    if a.size == 0:
+        return
+    row = a[0].size
+    if row > CHUNK:
+        for r in a:
+            yield from pieces(r)
+        return
+    step = max(1, CHUNK // max(row, 1))
+    for i in range(0, a.shape[0], step):
+        yield a[i:i + step].reshape(-1)
+
+
 def nonfinite_counts(arr: np.ndarray, tag: str) -> tuple[int, int]:
-    """(NaN count, Inf count) of a built tensor in storage dtype `tag`; (0, 0) for integers and encoded blocks."""
+    """(NaN count, Inf count) of a built tensor in storage dtype `tag`; (0, 0) for integers and encoded blocks.
+    Scanned piece by piece: the masks are CHUNK-sized, whatever the tensor's size."""
+    nan = inf = 0
+    for p in pieces(arr):
+        n, i = _nonfinite_piece(p, tag)
+        nan, inf = nan + n, inf + i
+    return nan, inf
+
+
+def _nonfinite_piece(arr: np.ndarray, tag: str) -> tuple[int, int]:
     if tag == "BF16":
         bits = arr.view(np.uint16)
         special = (bits & 0x7F80) == 0x7F80  # exponent all ones
@@ -248,6 +285,41 @@ def nonfinite_counts(arr: np.ndarray, tag: str) -> tuple[int, int]:
     return 0, 0
 
 
+# GGML type → (numpy dtype of its values, what _nonfinite_piece calls it) for the encoded types that can overflow
+_ENCODED_FLOATS = {GGMLQuantizationType.F16: "F16", GGMLQuantizationType.BF16: "BF16", GGMLQuantizationType.F32: "F32"}
+
+
+def encoded_nonfinite(data: np.ndarray, qt: GGMLQuantizationType) -> int:
+    """NaN + Inf values in one encoded piece: the values of a float type, the F16 scale of each Q8_0 block."""
+    if qt in _ENCODED_FLOATS:
+        tag = _ENCODED_FLOATS[qt]
+        flat = data.reshape(-1).view({"F16": np.float16, "BF16": np.uint16, "F32": np.float32}[tag])
+        return sum(_nonfinite_piece(flat, tag))
+    if qt == GGMLQuantizationType.Q8_0:
+        block_bytes = GGML_QUANT_SIZES[qt][1]
+        scales = data.reshape(-1).view(np.uint8).reshape(-1, block_bytes)[:, :2].copy().view(np.float16)
+        return sum(_nonfinite_piece(scales, "F16"))
+    return 0
+
+
+class OutOfRange(GGUFBridgeError):
+    """A finite source value does not fit the output type (F16 above 65,504, BF16/F32 above 3.4e38)."""
+
+    def __init__(self, tensor: str, qt: GGMLQuantizationType, wider: GGMLQuantizationType):
+        super().__init__(f"{tensor}: values beyond the range of {qt.name}")
+        self.tensor, self.qt, self.wider = tensor, qt, wider
+
+
+def wider_type(tag: str, qt: GGMLQuantizationType) -> GGMLQuantizationType | None:
+    """The type a tensor is kept in when its values overflow `qt`: its own BF16 (exact), else F32; None when even
+    F32 cannot hold it (an F64 source beyond 3.4e38)."""
+    if tag == "BF16" and qt != GGMLQuantizationType.BF16:
+        return GGMLQuantizationType.BF16
+    if qt != GGMLQuantizationType.F32:
+        return GGMLQuantizationType.F32
+    return None
+
+
 def check_finite(t: PlannedTensor, arr: np.ndarray, tag: str, allow: bool) -> None:
     nan, inf = nonfinite_counts(arr, tag)
     if not (nan or inf):
@@ -262,10 +334,29 @@ def check_finite(t: PlannedTensor, arr: np.ndarray, tag: str, allow: bool) -> No
 def write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress=None,
                allow_nonfinite: bool = False) -> Written:
     """Write `plan` to a temporary file beside `final`. `progress(nbytes)` is called as source bytes are consumed.
-    A tensor holding NaN/Inf is refused (NonFiniteWeights) unless `allow_nonfinite`."""
+    A tensor holding NaN/Inf is refused (NonFiniteWeights) unless `allow_nonfinite`.
+
+    A tensor whose finite values the output type cannot hold (a BF16 weight above 65,504 in an F16 file would
+    become Inf) is kept in a type that holds them (its BF16 as it is, else F32), with a warning naming it: the
+    header, written first, fixes every tensor's type, so the file is started again with that tensor widened."""
     if outtype not in OUTTYPES:
         raise GGUFBridgeError(f"output type must be one of {sorted(OUTTYPES)}, found {outtype!r}")
-    types = [choose_type(t, outtype) for t in plan.tensors]
+    kept: dict[str, GGMLQuantizationType] = {}
+    while True:
+        try:
+            return _write_gguf(plan, final, outtype, progress, allow_nonfinite, kept)
+        except OutOfRange as e:
+            if e.wider is None or e.tensor in kept:
+                raise NonFiniteWeights(f"{e.tensor}: finite source values beyond the range of every output type "
+                                       f"(F32 holds at most 3.4e38): refused") from None
+            kept[e.tensor] = e.wider
+            log.warning("warning: %s holds values beyond the range of %s (they would be written as Inf): kept as %s",
+                        e.tensor, e.qt.name, e.wider.name)
+
+
+def _write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress, allow_nonfinite: bool,
+                kept: dict[str, GGMLQuantizationType]) -> Written:
+    types = [kept.get(t.name) or choose_type(t, outtype) for t in plan.tensors]
     names = [t.name for t in plan.tensors]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -298,13 +389,22 @@ def write_gguf(plan: ConversionPlan, final: Path, outtype: str, progress=None,
                 if tag != RAW and tuple(arr.shape) != tuple(t.shape):
                     raise GGUFBridgeError(f"internal: {t.name} built with shape {arr.shape}, planned {t.shape}")
                 check_finite(t, arr, tag, allow_nonfinite)
-                data = encode(arr, tag, qt)
+                written = 0
+                # piece by piece: the encoded copy (and float32 widening) is CHUNK-sized, not tensor-sized
+                for piece in pieces(arr) if tag != RAW else (arr.reshape(-1),):
+                    with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below, by value
+                        data = encode(piece, tag, qt)
+                    if data is not piece:
+                        bad = encoded_nonfinite(data, qt)
+                        if bad and bad > sum(nonfinite_counts(piece, tag)):
+                            raise OutOfRange(t.name, qt, wider_type(tag, qt))
+                    written += data.nbytes
+                    f.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
+                    del data
                 del arr
-                if data.nbytes != nb:
-                    raise GGUFBridgeError(f"internal: {t.name} encoded to {data.nbytes} bytes, planned {nb}")
-                f.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
+                if written != nb:
+                    raise GGUFBridgeError(f"internal: {t.name} encoded to {written} bytes, planned {nb}")
                 f.write(b"\0" * _pad(nb))
-                del data
                 counts[qt.name] = counts.get(qt.name, 0) + 1
                 if progress:
                     progress(t.source_bytes)

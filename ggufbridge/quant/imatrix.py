@@ -13,6 +13,7 @@ from pathlib import Path
 from ggufbridge.errors import ManifestError, QuantError
 from ggufbridge.ggufio.manifest import MANIFEST, read_manifest
 from ggufbridge.ggufio.writer import refuse_input_as_output
+from ggufbridge.outlock import exclusive
 from ggufbridge.quant.quantize import _default_threads, _error_line
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,12 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
     tmp_out = out.with_name(f".{out.name}.{os.getpid()}.part")
     argv[argv.index(str(out))] = str(tmp_out)
     log.info("computing an importance matrix for %s over %s", model.name, text.name)
+    with exclusive(out, is_folder=False):  # a second run writing the same matrix stops at once
+        return _run_imatrix(argv, exe, runtime, model, out, tmp_out, ctx, fill_missing)
+
+
+def _run_imatrix(argv, exe, runtime, model: Path, out: Path, tmp_out: Path, ctx: int,
+                 fill_missing: bool) -> ImatrixResult:
     with tempfile.TemporaryDirectory(prefix="ggufbridge-imatrix-") as tmp:
         # the tool's asynchronous logger may drop its last lines on a pipe when it exits early; its log file
         # keeps them (that is where the reason for a failure is)

@@ -23,6 +23,7 @@ from pathlib import Path
 from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.ggufio.writer import refuse_input_as_output, remove_stale_parts, tmp_name
+from ggufbridge.outlock import exclusive
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.recipes import QuantRecipe, load_quant_recipe
@@ -194,13 +195,14 @@ def all_or_nothing(dst, *inputs):
     of `inputs`."""
     refuse_input_as_output(dst, *inputs)
     final = Path(dst)
-    remove_stale_parts(final.parent)
-    tmp = tmp_name(final)
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with exclusive(final, is_folder=False):  # a second run writing the same file stops at once
+        remove_stale_parts(final.parent)
+        tmp = tmp_name(final)
+        try:
+            yield tmp
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def quantize_to(src, dst, **kwargs) -> QuantResult:

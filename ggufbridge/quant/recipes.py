@@ -8,7 +8,6 @@ single tensors by their GGUF name (what `quantize --fit-bytes` writes: a type pe
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -17,6 +16,7 @@ from ggufbridge.errors import QuantError
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, CLASSES, classify
 from ggufbridge.textfile import read_utf8
+from ggufbridge.untrusted import parse_toml
 
 KEPT_TYPE = "F32"  # what the converter writes for every class llama.cpp never quantises
 TOP_KEYS = {"description", "file_type", "types", "base", "tensors", "fit"}
@@ -59,10 +59,7 @@ def _read(name_or_path: str) -> tuple[dict, str, str]:
             raise QuantError(f"unknown quantisation recipe {name_or_path!r}: expected one of "
                              f"{', '.join(packaged_names())} or a path to a .toml file")
         text, source, name = res.read_text(), "packaged", name_or_path
-    try:
-        return tomllib.loads(text), source, name
-    except tomllib.TOMLDecodeError as e:
-        raise QuantError(f"quantisation recipe {name_or_path}: not valid TOML ({e})") from None
+    return parse_toml(text, f"quantisation recipe {name_or_path}", QuantError), source, name
 
 
 def load_quant_recipe(name_or_path: str) -> QuantRecipe:

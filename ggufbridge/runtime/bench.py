@@ -17,10 +17,14 @@ from pathlib import Path
 
 from ggufbridge.errors import GGUFBridgeError, ServerError
 from ggufbridge.runtime import server as sv
+from ggufbridge.untrusted import parse_json
 
 # filler for synthetic prompts: plain prose, tokenised by the server itself, repeated as needed
 _FILLER = ("The river wound through the valley, past orchards and stone bridges, while the old miller counted "
            "sacks of grain and told stories about the winter when the water froze solid. ")
+
+
+MAX_PROMPT_TOKENS = 1 << 21  # 8× the model's 262,144-token context
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -29,9 +33,12 @@ def parse_lengths(text: str) -> list[int]:
     for part in text.split(","):
         part = part.strip().lower()
         m = re.fullmatch(r"(\d+)(k?)", part)
-        if not m or int(m.group(1)) == 0:
-            raise GGUFBridgeError(f"--prompt-lengths: expected positive integers or NNk, found {part!r}")
-        out.append(int(m.group(1)) * (1024 if m.group(2) else 1))
+        if not m or int(m.group(1)) == 0 or len(m.group(1)) > 9:
+            raise GGUFBridgeError(f"--prompt-lengths: expected positive integers or NNk, found {part[:20]!r}")
+        n = int(m.group(1)) * (1024 if m.group(2) else 1)
+        if n > MAX_PROMPT_TOKENS:  # each prompt is built in memory before the server sees it
+            raise GGUFBridgeError(f"--prompt-lengths: {n} tokens is more than the limit of {MAX_PROMPT_TOKENS}")
+        out.append(n)
     if len(set(out)) != len(out):
         raise GGUFBridgeError(f"--prompt-lengths: duplicate lengths in {text!r}")
     return sorted(out)
@@ -47,11 +54,7 @@ def load_prompts(path: str | Path) -> list[str]:
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            v = json.loads(line)
-        except ValueError:
-            raise GGUFBridgeError(f"--prompts {path}:{i}: expected a JSON string or {{\"prompt\": ...}}, found "
-                                  f"{line[:60]!r}") from None
+        v = parse_json(line, f"--prompts {path}:{i}", GGUFBridgeError)
         if isinstance(v, dict):
             v = v.get("prompt")
         if not isinstance(v, str) or not v:

@@ -100,12 +100,15 @@ def reachable(host: str, port: int) -> bool:
 
 
 def wildcard(host: str) -> bool:
-    """Whether `host` listens on every address: 0.0.0.0, ::, and spellings the resolver maps there ("0", "[::]")."""
-    h = host.strip().strip("[]")
+    """Whether `host` listens on every address: 0.0.0.0, ::, their IPv4-mapped form (::ffff:0.0.0.0, which the
+    resolver hands to an IPv4 socket as 0.0.0.0), and spellings the resolver maps there ("0", "[::]")."""
+    h = host.strip().strip("[]").split("%", 1)[0]  # an IPv6 zone (fe80::1%eth0) names an interface, not an address
     if h in ("", "*"):
         return True
     try:
-        return ipaddress.ip_address(h).is_unspecified
+        ip = ipaddress.ip_address(h)
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
     except ValueError:
         pass
     try:

@@ -12,13 +12,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from ggufbridge.errors import RecipeError
 from ggufbridge.textfile import read_utf8
+from ggufbridge.untrusted import parse_toml
 
 # KV cache element types the runtime accepts for -ctk/-ctv (common/arg.cpp) -> GGML block size
 KV_TYPES = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "iq4_nl": 32, "q5_0": 32, "q5_1": 32}
@@ -28,6 +24,9 @@ MAX_DRAFT_N = 15  # DSpark block length upstream is 16 with the anchor slot; the
 
 
 INT32_MAX = 2**31 - 1  # llama-server parses its integer arguments with std::stoi
+# memory sizes: a recipe describes one machine; 1 PiB in any field is a typo or hostile, and keeps byte counts exact
+MAX_GIB = float(1 << 20)
+MAX_THREADS = 4096  # more than any machine's cores; llama.cpp sizes per-thread buffers from it
 
 
 def _int(lo=None, hi=INT32_MAX):
@@ -40,7 +39,7 @@ def _int(lo=None, hi=INT32_MAX):
     return check
 
 
-def _num(lo=0.0, hi=None):
+def _num(lo=0.0, hi=MAX_GIB):
     def check(key, v):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
             raise RecipeError(f"{key}: expected a number >= {lo}, found {v!r}")
@@ -101,7 +100,7 @@ SCHEMA = {
         "batch": (_int(1), 2048), "ubatch": (_int(1), 512), "flash_attn": (_choice(FLASH_ATTN), "auto"),
         "cache_type_k": (_choice(tuple(KV_TYPES)), "f16"), "cache_type_v": (_choice(tuple(KV_TYPES)), "f16"),
         "n_gpu_layers": (_layers, "auto"), "n_cpu_moe": (_layers, 0), "mmproj_offload": (_bool, True),
-        "threads": (_int(1), None), "extra_args": (None, []),
+        "threads": (_int(1, MAX_THREADS), None), "extra_args": (None, []),
         # thinking off unless asked, as upstream's recommended serving ({"enable_thinking": false})
         "think": (_bool, False), "reasoning_budget": (_int(-1), -1),
     },
@@ -151,10 +150,7 @@ def _load_raw(name_or_path: str) -> tuple[dict, str]:
             raise RecipeError(f"unknown recipe {name_or_path!r}: expected one of {', '.join(packaged_names())} "
                               f"or a path to a .toml file")
         text, source = res.read_text(), "packaged"
-    try:
-        return tomllib.loads(text), source
-    except tomllib.TOMLDecodeError as e:
-        raise RecipeError(f"recipe {name_or_path}: not valid TOML ({e})") from None
+    return parse_toml(text, f"recipe {name_or_path}", RecipeError), source
 
 
 def _merge(base: dict, over: dict) -> dict:

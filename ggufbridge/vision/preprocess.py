@@ -12,8 +12,10 @@ from pathlib import Path
 
 from ggufbridge.errors import VisionInputError
 
-# Decoded RGB pixels we accept by default (64 MP ≈ 192 MiB of RGB): checked from the header, before decoding.
+# Decoded RGB pixels we accept by default (64 MP ≈ 192 MiB of RGB) and the longest side: checked from the header,
+# before decoding. The server path has the same bound (patch 0010, MTMD_HELPER_MAX_IMAGE_PIXELS / _SIDE).
 MAX_PIXELS = 64 * 1024 * 1024
+MAX_SIDE = 16384
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 
 
@@ -43,9 +45,9 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS):
         w, h = img.size
         if w <= 0 or h <= 0:
             raise VisionInputError(f"{p}: image has zero size ({w}×{h})")
-        if w * h > max_pixels:
+        if w * h > max_pixels or max(w, h) > MAX_SIDE:
             raise VisionInputError(f"{p}: image is {w}×{h} = {w * h} pixels, more than the limit of {max_pixels} "
-                                   f"(checked from the header, nothing decoded)")
+                                   f"({MAX_SIDE} per side; checked from the header, nothing decoded)")
         try:
             img.load()
         except Image.DecompressionBombError as e:

@@ -23,11 +23,10 @@ from typing import Iterator
 import numpy as np
 
 from ggufbridge.errors import VisionInputError
+from ggufbridge.vision.preprocess import MAX_PIXELS, MAX_SIDE  # frames have the images' bounds
 
 MAX_NUM_FRAMES = 128       # transformers' default max_num_frames (main frames per clip)
 MAX_VIDEO_BYTES = 2 << 30  # 2 GiB: the whole file travels to the server in one request
-MAX_PIXELS = 64 * 1024 * 1024  # as for images (vision/preprocess.py)
-MAX_SIDE = 16384
 MAX_DURATION_S = 24 * 3600.0  # a day: anything longer is a broken header, not a clip
 MAX_FPS = 1000.0
 
