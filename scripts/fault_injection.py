@@ -14,6 +14,17 @@ then the next conversion runs to the end, and:
   * no temporary file (`.NAME.<pid>.part`) survives it, and `ggufbridge verify` passes.
 
     .venv/bin/python scripts/fault_injection.py --kills 50 --json fault_injection.json
+
+`--hostile` adds the cases of the hostile-user probe (issue 27), each a real `python -m ggufbridge` process as a
+user would run it: hostile structure in every file a user hands in (deep JSON/TOML, numbers out of range, ids that
+collide, float shapes, GGUF dimensions that overflow), numeric options (NaN, Inf, absurd thread counts and sizes),
+a finite BF16 weight above the F16 range, two conversions into one folder at once, a stale lock, signals in a
+command's first milliseconds, `EXTRA.GGUF`, the IPv4-mapped wildcard host, an image bomb through `run --image`
+(and, with `--server`, through a real llama-server). A case holds when the process ends as promised: one `Error:`
+line and exit 2 (or the stated success), no traceback, within its time limit and under 1.5 GiB of peak RSS. The
+report gives cases, held, failed. CI runs a bounded form (tests/test_fault_injection.py):
+
+    .venv/bin/python scripts/fault_injection.py --kills 3 --hostile --json fault_injection.json
 """
 
 from __future__ import annotations
@@ -90,6 +101,8 @@ def main() -> None:
     ap.add_argument("--spec", default="ksafe", help="fixture spec (ksafe: ~58 MB float32 with the small vocabulary)")
     ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=Path("fault_injection.json"))
+    ap.add_argument("--hostile", action="store_true", help="also run the hostile-input cases (issue 27)")
+    ap.add_argument("--server", action="store_true", help="with --hostile: also the image bomb through llama-server")
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
@@ -171,10 +184,17 @@ def main() -> None:
         "uninterrupted_s": round(total_s, 3), "writing_s": round(write_s, 3),
         "wall_s": round(time.monotonic() - t_begin, 1), "seed": args.seed,
     }
-    args.json.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2) + "\n")
+    report = {"summary": summary, "runs": runs}
+    if args.hostile:
+        from hostile_cases import run_cases
+
+        hostile = run_cases(work, ckpt, server=args.server)
+        report["hostile"] = hostile
+        summary["hostile"] = {k: hostile[k] for k in ("cases", "held", "failed")}
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     print(f"wrote {args.json}")
-    sys.exit(1 if summary["runs_with_problems"] else 0)
+    sys.exit(1 if summary["runs_with_problems"] or summary.get("hostile", {}).get("failed") else 0)
 
 
 if __name__ == "__main__":

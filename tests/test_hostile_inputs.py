@@ -1,0 +1,534 @@
+"""Issue 27: what a hostile-user probe found, one regression test per class (each fails on the commit the probe
+ran, 6fe2b4c). Silent corruption, concurrent runs into one folder, an image bomb through the server, tracebacks on
+hostile structure, numbers that passed checks, signals in a command's first milliseconds, and the edges of promises.
+
+User paths run through the CLI: exit code 2 and one `Error:` line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ggufbridge import errors
+from ggufbridge.cli import cli
+from ggufbridge.convert import convert
+
+REPO = Path(__file__).resolve().parents[1]
+DEEP = "[" * 50_000 + "]" * 50_000  # past Python's recursion limit in every parser
+
+
+@pytest.fixture(scope="module")
+def small_ckpt(make_ckpt):
+    return make_ckpt("tiny", vocab="small", max_shard_size="200KB")  # float32
+
+
+@pytest.fixture(scope="module")
+def converted(small_ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hostile") / "out"
+    convert(small_ckpt, out, outtype="f32", progress=False, mmproj=False)
+    return out
+
+
+def _invoke(*args) -> tuple[int, str]:
+    res = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    return res.exit_code, res.output
+
+
+def _refused(*args) -> str:
+    code, text = _invoke(*args)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("Error: "), (code, text)
+    return lines[0]
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO))
+
+
+# --- 1. silent corruption ----------------------------------------------------------------------------------------
+
+
+def test_bf16_above_f16_range_is_kept_in_bf16_not_written_as_inf(make_ckpt, tmp_path, caplog):
+    """A finite BF16 weight above 65,504 became +Inf in the default F16 output, with exit 0."""
+    from ggufbridge.checkpoint.model_dir import ModelDir
+    from ggufbridge.ggufio.reader import read_header
+
+    ckpt = _copy(make_ckpt("tiny", vocab="small", dtype="bfloat16"), tmp_path / "ckpt")
+    md = ModelDir.open(ckpt)
+    ref = next(r for n, r in sorted(md.tensors.items()) if n.endswith("mlp.shared_expert.down_proj.weight"))
+    big = np.array([1.0e5], dtype=np.float32).view(np.uint32) >> 16  # 99840 as BF16: finite, > 65504
+    with open(ref.path, "r+b") as f:
+        f.seek(ref.start)
+        f.write(big.astype("<u2").tobytes())
+    caplog.set_level("WARNING")
+    out = tmp_path / "out"
+    res = convert(ckpt, out, outtype="f16", progress=False, mmproj=False)
+    kept = [r.message for r in caplog.records if "beyond the range of F16" in r.message]
+    assert len(kept) == 1 and "kept as BF16" in kept[0], caplog.text
+    h = read_header(res.path("target"))
+    name = kept[0].split(" holds ")[0].removeprefix("warning: ")
+    t = h.tensor(name)
+    assert t.type == "BF16"
+    values = (h.tensor_array(t).astype(np.uint32) << 16).view(np.float32)
+    assert np.isfinite(values).all() and values.max() == np.float32(99840.0)
+    assert all(x.type in ("F16", "F32") for x in h.tensors if x.name != name)
+    assert _invoke("verify", out, "--source", ckpt)[0] == 0
+
+
+def test_tokenizer_whose_ids_collide_is_refused(small_ckpt, tmp_path):
+    """All tokens on id 0: converted with exit 0, 215 of 216 entries silently dropped."""
+    ckpt = _copy(small_ckpt, tmp_path / "ckpt")
+    tj = ckpt / "tokenizer.json"
+    data = json.loads(tj.read_text())
+    data["model"]["vocab"] = {t: 0 for t in data["model"]["vocab"]}
+    tj.write_text(json.dumps(data))
+    line = _refused("convert", ckpt, "-o", tmp_path / "out", "--no-progress")
+    assert "gives id 0 to both" in line
+
+
+def test_tokenizer_with_a_gap_in_its_ids_is_refused(small_ckpt, tmp_path):
+    ckpt = _copy(small_ckpt, tmp_path / "ckpt")
+    tj = ckpt / "tokenizer.json"
+    data = json.loads(tj.read_text())
+    vocab = data["model"]["vocab"]
+    victim = next(t for t, i in vocab.items() if i == 5)
+    vocab[victim] = max(vocab.values()) + 1000
+    tj.write_text(json.dumps(data))
+    assert "id 5 is missing" in _refused("convert", ckpt, "-o", tmp_path / "out", "--no-progress")
+
+
+def test_special_token_outside_the_vocabulary_is_refused(small_ckpt, tmp_path):
+    ckpt = _copy(small_ckpt, tmp_path / "ckpt")
+    cfg = ckpt / "tokenizer_config.json"
+    data = json.loads(cfg.read_text()) if cfg.is_file() else {}
+    data["eos_token"] = "<|no-such-token|>"
+    cfg.write_text(json.dumps(data))
+    assert "is not a token" in _refused("convert", ckpt, "-o", tmp_path / "out", "--no-progress")
+
+
+@pytest.mark.parametrize("template", ["", "   ", 7, ["not", "a", "dict"]])
+def test_empty_or_non_string_chat_template_is_reported(small_ckpt, tmp_path, template):
+    """An empty or non-string chat template was dropped without a word (the GGUF then has none)."""
+    ckpt = _copy(small_ckpt, tmp_path / "ckpt")
+    (ckpt / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = ckpt / "tokenizer_config.json"
+    data = json.loads(cfg.read_text()) if cfg.is_file() else {}
+    data["chat_template"] = template
+    cfg.write_text(json.dumps(data))
+    assert "chat template" in _refused("convert", ckpt, "-o", tmp_path / "out", "--no-progress")
+
+
+def _safetensors(path: Path, header: dict, data: bytes = b"") -> Path:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+@pytest.mark.parametrize("shape", [[512.7, 64], [True, 4], ["4", 4], [4, None]])
+def test_safetensors_shape_must_be_integers(tmp_path, shape):
+    """`[512.7, 64]` was taken as 512 (int() truncates); the safetensors library refuses it."""
+    from ggufbridge.checkpoint.safetensors import read_header
+
+    p = _safetensors(tmp_path / "x.safetensors", {"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 4 * 512 * 64]}},
+                     b"\0" * (4 * 512 * 64))
+    with pytest.raises(errors.CheckpointError, match="integer shape"):
+        read_header(p)
+
+
+def test_safetensors_float_offsets_are_refused(tmp_path):
+    from ggufbridge.checkpoint.safetensors import read_header
+
+    p = _safetensors(tmp_path / "x.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0.0, 8.5]}},
+                     b"\0" * 8)
+    with pytest.raises(errors.CheckpointError, match="integer"):
+        read_header(p)
+
+
+# --- 4. tracebacks on hostile structure: one bounded reader for every JSON/TOML file ---------------------------------
+
+
+def test_deep_json_in_a_safetensors_header(tmp_path):
+    from ggufbridge.checkpoint.safetensors import read_header
+
+    p = tmp_path / "x.safetensors"
+    raw = ('{"a": ' + DEEP + "}").encode()
+    p.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    with pytest.raises(errors.CheckpointError, match="nested deeper"):
+        read_header(p)
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "tokenizer_config.json",
+                                  "model.safetensors.index.json", "preprocessor_config.json"])
+def test_deep_json_in_a_checkpoint_file_is_one_error_line(small_ckpt, tmp_path, name):
+    ckpt = _copy(small_ckpt, tmp_path / "ckpt")
+    (ckpt / name).write_text('{"x": ' + DEEP + "}")
+    assert "nested deeper" in _refused("convert", ckpt, "-o", tmp_path / "out", "--no-progress")
+
+
+def test_deep_json_manifest_is_one_error_line(converted, tmp_path):
+    out = _copy(converted, tmp_path / "out")
+    (out / "manifest.json").write_text('{"files": ' + DEEP + "}")
+    for cmd in (["verify", out], ["plan", out], ["serve", out, "--dry-run"]):
+        assert "nested deeper" in _refused(*cmd)
+
+
+def test_huge_integer_in_a_manifest_is_one_error_line(converted, tmp_path):
+    out = _copy(converted, tmp_path / "out")
+    man = json.loads((out / "manifest.json").read_text())
+    text = json.dumps(man).replace('"bytes": ', '"bytes": ' + "9" * 5000, 1)
+    (out / "manifest.json").write_text(text)
+    _refused("verify", out)
+
+
+@pytest.mark.parametrize("body", [
+    "[server]\nctx = " + "[" * 5000 + "]" * 5000,  # nesting
+    'name = "x"\nbackend = "cpu"\n[memory]\nhost_gib = 1e308\n[server]\nctx = 4096\n',  # OverflowError before
+    'name = "x"\nbackend = "cpu"\n[memory]\nhost_gib = nan\n[server]\nctx = 4096\n',
+    'name = "x"\nbackend = "cpu"\n[memory]\nhost_gib = 16\n[server]\nctx = 4096\nthreads = 99999999\n',
+    'name = "x"\nbackend = "cpu"\n[memory]\nhost_gib = 16\n[server]\nctx = ' + "9" * 5000 + "\n",
+])
+def test_hostile_hardware_recipe_is_one_error_line(converted, tmp_path, body):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(body)
+    _refused("plan", converted, "--recipe", recipe)
+
+
+def test_hostile_quant_recipe_is_one_error_line(tmp_path, converted):
+    from ggufbridge.quant.recipes import load_quant_recipe
+
+    for body in ("types = " + "[" * 5000 + "]" * 5000, "x = inf\n", "x = " + "9" * 5000 + "\n"):
+        p = tmp_path / "m.toml"
+        p.write_text(body)
+        with pytest.raises(errors.QuantError):
+            load_quant_recipe(str(p))
+
+
+def test_deep_json_eval_and_prompt_files(tmp_path):
+    from ggufbridge.compare import evalset
+    from ggufbridge.runtime.bench import load_prompts
+
+    p = tmp_path / "eval.jsonl"
+    p.write_text('{"ids": ' + DEEP + "}\n")
+    with pytest.raises(errors.EvalDataError, match="nested deeper"):
+        evalset._parse_jsonl(p)
+    p.write_text('{"text": NaN}\n')
+    with pytest.raises(errors.EvalDataError):
+        evalset._parse_jsonl(p)
+    p.write_text(DEEP + "\n")
+    with pytest.raises(errors.GGUFBridgeError, match="nested deeper"):
+        load_prompts(p)
+
+
+def test_compare_merge_file_is_checked_before_anything_runs(tmp_path, monkeypatch):
+    """`compare --merge` validated its file only after the whole (long) run."""
+    from ggufbridge.compare import run
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a model was opened before the merge file was checked")
+
+    monkeypatch.setattr(run, "localize", must_not_run)
+    for body in (DEEP, '{"results": [{"label": 1}]}', '{"results": "x"}'):
+        bad = tmp_path / "bad.json"
+        bad.write_text(body)
+        with pytest.raises(errors.GGUFBridgeError):
+            run.compare("hf:/nowhere", ["x.gguf"], text_path=bad, merge_paths=[bad])
+
+
+# --- 5. numbers that passed checks ---------------------------------------------------------------------------------
+
+
+def _gguf_with_dims(path: Path, dims: tuple[int, ...], ggml_type: int = 0) -> Path:
+    name = b"blk.0.w"
+    info = struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+    info += struct.pack("<IQ", ggml_type, 0)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + info + b"\0" * 64)
+    return path
+
+
+def test_gguf_dimensions_whose_product_overflows_are_refused(tmp_path, converted):
+    """dims whose product wraps in 64 bits passed the reader: inspect/plan/serve --dry-run reported 0 bytes."""
+    from ggufbridge.ggufio.reader import read_header
+
+    for dims in ((2**32, 2**32), (2**63, 2), (2**40, 2**40, 2**40)):
+        p = _gguf_with_dims(tmp_path / "bad.gguf", dims)
+        with pytest.raises(errors.GGUFFileError, match="overflows 64 bits"):
+            read_header(p)
+        assert "overflows 64 bits" in _refused("inspect", p)
+    # and in a converted folder, in place of its target
+    out = _copy(converted, tmp_path / "out")
+    man = json.loads((out / "manifest.json").read_text())
+    entry = next(f for f in man["files"] if f["role"] == "target")
+    target = _gguf_with_dims(out / entry["path"], (2**32, 2**32))
+    entry["bytes"], entry["sha256"] = target.stat().st_size, None
+    (out / "manifest.json").write_text(json.dumps(man))
+    for cmd in (["plan", out], ["serve", out, "--dry-run"]):
+        assert "overflows 64 bits" in _refused(*cmd)
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "OUT", "-p", "hi", "--temp", "nan"],
+    ["run", "OUT", "-p", "hi", "--temp", "inf"],
+    ["bench", "OUT", "--timeout", "nan"],
+    ["serve", "OUT", "--timeout", "inf"],
+    ["serve", "OUT", "--threads", "99999999"],
+    ["bench", "OUT", "--threads", "99999999"],
+    ["quantize", "GGUF", "-o", "b.gguf", "--quant", "Q8_0", "--threads", "99999999"],
+    ["quantize", "GGUF", "-o", "b.gguf", "--fit-bytes", "9" * 400],
+])
+def test_numeric_options_refuse_nan_inf_and_absurd_sizes(converted, args):
+    gguf = next(converted.glob("*.gguf"))
+    args = [str(converted) if a == "OUT" else str(gguf) if a == "GGUF" else a for a in args]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "Invalid value" in res.output
+
+
+# --- 2. concurrent runs into one folder ----------------------------------------------------------------------------
+
+_SLOW_CONVERT = """
+import sys, time
+from ggufbridge.ggufio import writer
+real = writer.encode
+def slow(*a, **kw):
+    time.sleep(0.05)
+    return real(*a, **kw)
+writer.encode = slow
+sys.argv = ["ggufbridge"] + sys.argv[1:]
+import ggufbridge.__main__ as m
+m.main()
+"""
+
+
+def _start_slow_convert(ckpt: Path, out: Path) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_CONVERT, "convert", str(ckpt), "-o", str(out),
+                          "--no-progress", "--outtype", "f32", "--no-mmproj"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 120
+    while not (out.is_dir() and any(x.name.endswith(".part") for x in out.iterdir())):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.02)
+    return p
+
+
+def test_second_concurrent_convert_fails_fast_naming_the_holder(small_ckpt, tmp_path):
+    """Two runs into one empty folder both exited 0: the second deleted the first's output ("replaced by --force")."""
+    out = tmp_path / "out"
+    first = _start_slow_convert(small_ckpt, out)
+    try:
+        t0 = time.monotonic()
+        second = subprocess.run([sys.executable, "-m", "ggufbridge", "convert", str(small_ckpt), "-o", str(out),
+                                 "--no-progress", "--no-mmproj"], capture_output=True, text=True, env=_env(),
+                                timeout=120)
+        waited = time.monotonic() - t0
+        assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
+        assert second.returncode == 2, second.stderr
+        lines = [line for line in second.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"process {first.pid}" in lines[0], second.stderr
+        _, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err
+        assert "replaced by --force" not in err
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert waited < 60  # failed fast: it did not wait for the first run
+    assert _invoke("verify", out)[0] == 0
+    assert not any(p.name.endswith(".lock") for p in out.iterdir())
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(small_ckpt, tmp_path):
+    from ggufbridge.outlock import FOLDER_LOCK
+
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / FOLDER_LOCK).write_text(f"{dead.pid}\n")  # what a SIGKILLed run leaves: the file, not the flock
+    code, text = _invoke("convert", small_ckpt, "-o", out, "--no-progress", "--no-mmproj", "--outtype", "f32")
+    assert code == 0, text
+    assert not (out / FOLDER_LOCK).exists()
+
+
+def test_file_output_lock_across_processes(tmp_path):
+    """quantize/imatrix outputs: the same lock on a single file, held by another real process."""
+    from ggufbridge.outlock import exclusive
+
+    dst = tmp_path / "q.gguf"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from ggufbridge.outlock import exclusive\n"
+                               f"with exclusive(Path({str(dst)!r}), is_folder=False):\n"
+                               "    print('held', flush=True); time.sleep(60)\n"],
+                              stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(errors.OutputError, match=f"process {holder.pid}"):
+            with exclusive(dst, is_folder=False):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(dst, is_folder=False):  # its holder is dead: taken over
+        pass
+
+
+# --- 7. edges of promises: signals, wildcard host, extension case --------------------------------------------------
+
+
+def test_program_handles_signals_before_importing_the_cli():
+    """The first ~200 ms of a command (imports, option parsing) gave "Aborted!", a traceback or a silent death."""
+    code = ("import signal, sys\nimport ggufbridge.__main__\n"
+            "print(signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, 'ggufbridge.cli' in sys.modules, "
+            "'click' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert res.stdout.split() == ["True", "False", "False"], res.stdout + res.stderr
+
+
+def _sig_caught(pid: int, sig: int) -> bool:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except FileNotFoundError:
+        pass
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_in_the_first_milliseconds_is_one_line(sig, converted):
+    """Sent as soon as the program can catch it, while it is still importing: one line, exit 128 + signal."""
+    for _ in range(3):
+        p = subprocess.Popen([sys.executable, "-m", "ggufbridge", "verify", str(converted)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=_env())
+        while p.poll() is None and not _sig_caught(p.pid, signal.SIGTERM):
+            time.sleep(0.001)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+        if p.returncode == 0:
+            continue  # verify had already finished: try again
+        assert p.returncode == 128 + sig, (p.returncode, err)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert lines == [f"Error: interrupted by {signal.Signals(sig).name}"], err
+        return
+    pytest.skip("the command finished before the signal arrived, three times")
+
+
+@pytest.mark.parametrize("host", ["::ffff:0.0.0.0", "[::ffff:0.0.0.0]", "0.0.0.0", "::", "0"])
+def test_ipv4_mapped_wildcard_is_a_wildcard(host):
+    from ggufbridge.runtime.lifecycle import wildcard
+
+    assert wildcard(host)
+    assert not wildcard("::ffff:127.0.0.1") and not wildcard("127.0.0.1")
+
+
+def test_upper_case_gguf_extension_is_seen(converted, small_ckpt, tmp_path):
+    """`EXTRA.GGUF` was missed by verify and by convert's "folder holds a conversion" check."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "EXTRA.GGUF").write_bytes(b"GGUF")
+    assert "already holds a conversion" in _refused("convert", small_ckpt, "-o", out, "--no-progress")
+    folder = _copy(converted, tmp_path / "conv")
+    shutil.copy(next(folder.glob("*.gguf")), folder / "EXTRA.GGUF")
+    code, text = _invoke("verify", folder)
+    assert code != 0 and "EXTRA.GGUF" in text
+
+
+# --- 6. memory: the non-finite scan works in bounded pieces ---------------------------------------------------------
+
+
+def test_nonfinite_scan_of_bf16_needs_no_whole_tensor_temporaries():
+    """The scan built bit masks and boolean arrays about 1.5x the tensor (822 MB peak vs 446 MB before it)."""
+    from ggufbridge.ggufio.writer import CHUNK, nonfinite_counts
+
+    a = np.zeros((128, 1 << 19), dtype=np.uint16)  # 128 MiB of BF16
+    a[3, 7] = 0x7FC0  # NaN
+    a[40, 9] = 0xFF80  # -Inf
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        counts = nonfinite_counts(a, "BF16")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert counts == (1, 1)
+    assert peak < 8 * CHUNK < a.nbytes / 2, peak
+
+
+def test_pieces_cover_the_tensor_in_order():
+    from ggufbridge.ggufio.writer import CHUNK, pieces
+
+    for shape in [(), (5,), (3, CHUNK + 7), (2, 3, 5), (CHUNK // 4 + 3, 8), (0, 4)]:
+        a = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+        got = list(pieces(a))
+        assert all(p.ndim == 1 and p.size <= CHUNK for p in got)
+        joined = np.concatenate(got) if got else np.zeros(0, np.int64)
+        assert np.array_equal(joined, a.reshape(-1))
+
+
+# --- 3. the server path: image limits before decoding -----------------------------------------------------------
+
+
+def _png(width: int, height: int, *, truncate: bool = False) -> bytes:
+    """A valid grayscale PNG of any size, compressed row by row (a 20000x20000 one is ~400 KB)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    z = zlib.compressobj(6)
+    row = b"\0" * (width + 1)
+    data = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    if truncate:
+        data = data[: len(data) // 2]
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data)
+    return png if truncate else png + chunk(b"IEND", b"")
+
+
+@pytest.mark.slow
+def test_server_refuses_an_image_bomb_before_decoding_and_says_image(make_ckpt, tmp_path_factory):
+    """A 389 KB PNG declaring 20000x20000 sent as a data URL was decoded by llama-server (2.4 GB, HTTP 200),
+    where `run --image` refuses it; a truncated PNG was reported as a broken video."""
+    import base64
+
+    from _runtime_models import converted as served, serve_process
+    from ggufbridge.runtime import server as sv
+    from ggufbridge.vision.preprocess import load_image
+
+    out = served(make_ckpt, tmp_path_factory, with_draft=False)
+    bomb = _png(20000, 20000)
+    assert len(bomb) < 1 << 20
+    path = tmp_path_factory.mktemp("bomb") / "bomb.png"
+    path.write_bytes(bomb)
+    with pytest.raises(errors.VisionInputError, match="more than the limit"):
+        load_image(path)  # run --image: the same bound
+    console = tmp_path_factory.mktemp("bomb-serve") / "console.log"
+    srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "2048", "--threads", "2")
+    try:
+        for png, words in ((bomb, ("image", "more than the limit")), (_png(64, 64, truncate=True), ("image",))):
+            body = {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}},
+                {"type": "text", "text": "What is this?"}]}], "max_tokens": 4}
+            status, answer = sv.http_json(srv.url + "/v1/chat/completions", body, timeout=120)
+            message = json.dumps(answer)
+            assert status == 400, (status, message)
+            assert all(w in message for w in words) and "video" not in message.lower(), message
+    finally:
+        srv.stop()
