@@ -10,7 +10,6 @@ that the fuzzer gets past the first checks. The whole module runs in well under 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")  # the test extra installs it; a bare checkout still collects
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from ggufbridge.errors import GGUFBridgeError  # noqa: E402
@@ -65,7 +64,8 @@ scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
 json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
                            max_leaves=20)
-deep = st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n + "]" * n)
+deep = st.sampled_from([2, 70, 900, 5000]).map(lambda n: "[" * n + "]" * n)  # around the depth limit and past
+# Python's recursion limit
 
 
 def _dumps(v) -> str:
@@ -124,15 +124,23 @@ def _gguf_string(s: bytes) -> bytes:
     return struct.pack("<Q", len(s)) + s
 
 
-gguf_kv = st.tuples(st.binary(max_size=10), st.integers(0, 14), st.binary(max_size=24))
-gguf_tensor = st.tuples(st.binary(max_size=10), st.integers(0, 10),
-                        st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 64), max_size=5),
-                        st.integers(0, 40), st.integers(0, 2**64 - 1) | st.integers(0, 256))
+# well-formed records most of the time (so that the fuzzer reaches the tensor table), arbitrary bytes otherwise
+gguf_kv = (st.tuples(st.binary(max_size=10), st.just(4), st.integers(0, 2**32 - 1).map(lambda v: struct.pack("<I", v)))
+           | st.tuples(st.binary(max_size=10), st.just(8), st.binary(max_size=12).map(_gguf_string))
+           | st.tuples(st.binary(max_size=10), st.integers(0, 14), st.binary(max_size=24)))
+dims = st.lists(st.sampled_from([0, 1, 32, 2**31, 2**32, 2**40, 2**63, 2**64 - 1]) | st.integers(0, 2**64 - 1),
+                min_size=1, max_size=4)
+gguf_tensor = (st.tuples(st.binary(min_size=1, max_size=10), st.just(None), dims, st.sampled_from([0, 1, 8, 30]),
+                         st.sampled_from([0, 32, 2**63]))
+               | st.tuples(st.binary(max_size=10), st.integers(0, 10), dims, st.integers(0, 40),
+                           st.integers(0, 2**64 - 1)))
 
 
 @FUZZ
 @given(version=st.sampled_from([3, 2, 1, 2**32 - 1]), kvs=st.lists(gguf_kv, max_size=4),
        tensors=st.lists(gguf_tensor, max_size=3), lie=st.integers(0, 3), tail=st.binary(max_size=128))
+@example(version=3, kvs=[], tensors=[(b"w", None, [2**32, 2**32], 0, 0)], lie=0, tail=b"\0" * 64)  # wraps to 0
+@example(version=3, kvs=[], tensors=[(b"w", None, [2**63 + 1, 2], 0, 0)], lie=0, tail=b"\0" * 64)
 def test_gguf_header(tmp_path, version, kvs, tensors, lie, tail):
     from ggufbridge.ggufio.reader import read_header
 
@@ -144,12 +152,20 @@ def test_gguf_header(tmp_path, version, kvs, tensors, lie, tail):
     body = b"GGUF" + struct.pack("<IQQ", version, n_t, n_kv)
     for key, vt, value in kvs:
         body += _gguf_string(key) + struct.pack("<I", vt) + value
-    for name, nd, dims, qt, offset in tensors:
-        body += _gguf_string(name) + struct.pack("<I", nd) + b"".join(struct.pack("<Q", d) for d in dims[:nd])
+    for name, nd, shape, qt, offset in tensors:
+        nd = len(shape) if nd is None else nd
+        body += _gguf_string(name) + struct.pack("<I", nd) + b"".join(struct.pack("<Q", d) for d in shape[:nd])
         body += struct.pack("<IQ", qt, offset)
     p = tmp_path / "x.gguf"
     p.write_bytes(body + tail)
-    _bounded(read_header, p)
+    h = _bounded(read_header, p)
+    if h is not None:  # accepted: then every size in it is exact and inside the file
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        for t in h.tensors:
+            block, bsize = GGML_QUANT_SIZES[GGMLQuantizationType[t.type]]
+            assert t.nbytes == math.prod(t.shape) // block * bsize >= 0
+            assert h.data_start + t.offset + t.nbytes <= h.file_bytes
     _cli_one_line("inspect", p)
 
 
@@ -208,17 +224,27 @@ def test_tokenizer(small, tmp_path, data, value, n_vocab):
 
 
 @FUZZ
-@given(data=st.data(), value=json_values)
-def test_config(small, data, value):
+@given(data=st.data(), value=json_values | deep)
+def test_config(small, tmp_path, data, value):
+    import os
+    import shutil
+
     from ggufbridge.checkpoint.model_dir import ModelDir
     from ggufbridge.convert import plan_outputs
 
-    md = ModelDir.open(small)
-    where = data.draw(st.sampled_from([p for p in _paths(md.config) if len(p) <= 3]))
-    config = _mutate(md.config, list(where), value)
-    if not isinstance(config, dict):
-        return  # the whole document replaced: load_json refuses a non-object before planning
-    _bounded(plan_outputs, dataclasses.replace(md, config=config), outtype="f16", basename=None)
+    d = tmp_path / "ckpt"
+    if not d.exists():
+        shutil.copytree(small, d, copy_function=os.link)
+    doc = json.loads((small / "config.json").read_text())
+    where = data.draw(st.sampled_from([p for p in _paths(doc) if len(p) <= 3]))
+    text = value if isinstance(value, str) and value.startswith("[") else _dumps(_mutate(doc, list(where), value))
+    (d / "config.json").unlink()
+    (d / "config.json").write_text(text)
+
+    def open_and_plan():
+        return plan_outputs(ModelDir.open(d), outtype="f16", basename=None)
+
+    _bounded(open_and_plan)
 
 
 # --- recipes -------------------------------------------------------------------------------------------------------
