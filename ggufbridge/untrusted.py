@@ -27,6 +27,30 @@ INT_LIMIT = 2**64  # integers must lie in (-2**64, 2**64): u64 offsets and sizes
 MAX_ABS_FLOAT = 1e300  # finite, and far enough from the float maximum that scaling by GiB stays finite
 
 
+def _bad_number(v) -> str | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int) and not -INT_LIMIT < v < INT_LIMIT:
+        return f"integer {str(v)[:20]}… is out of range (at most 2^64 in magnitude)"
+    if isinstance(v, float) and (not math.isfinite(v) or abs(v) > MAX_ABS_FLOAT):
+        return f"{v!r} is not a finite number of usable size (|x| <= {MAX_ABS_FLOAT:g})"
+    return None
+
+
+def _where(root, bad) -> str:
+    """The key path of the first value `bad` finds (only on the error path: the walk itself keeps no paths)."""
+    stack = [(root, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, f"{path}.{k}" if path else str(k)) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]") for i, x in enumerate(v))
+        elif bad(v):
+            return path
+    return ""
+
+
 def _check_values(value, source: str, error: type[GGUFBridgeError], max_depth: int) -> None:
     """Walk the parsed document without recursion: depth, integer range and float finiteness."""
     stack = [(value, 1)]
@@ -36,18 +60,11 @@ def _check_values(value, source: str, error: type[GGUFBridgeError], max_depth: i
             if depth > max_depth:
                 raise error(f"{source}: nested deeper than {max_depth} levels (malformed or hostile file)")
             stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-        elif isinstance(v, bool):
-            continue
-        elif isinstance(v, int):
-            if not -INT_LIMIT < v < INT_LIMIT:
-                raise error(f"{source}: integer {str(v)[:20]}… is out of range (at most 2^64 in magnitude)")
-        elif isinstance(v, float):
-            if not math.isfinite(v) or abs(v) > MAX_ABS_FLOAT:
-                raise error(f"{source}: number {v!r} is not a finite value of usable size (|x| <= {MAX_ABS_FLOAT:g})")
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
+        elif isinstance(v, (int, float)):
+            why = _bad_number(v)
+            if why:
+                where = _where(value, _bad_number)
+                raise error(f"{source}: {where + ': ' if where else ''}{why}")
 
 
 def parse_json(data: str | bytes, source: str, error: type[GGUFBridgeError], *, max_bytes: int = MAX_BYTES,
@@ -58,14 +75,14 @@ def parse_json(data: str | bytes, source: str, error: type[GGUFBridgeError], *, 
     try:
         if isinstance(data, bytes):
             data = data.decode("utf-8")
-        value = json.loads(data, parse_constant=_refuse_constant)
+        value = json.loads(data)  # NaN/Infinity parse, and are refused by the walk, which names their key
     except UnicodeDecodeError as e:
         raise error(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise error(f"{source}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise error(f"{source}: nested deeper than {max_depth} levels (malformed or hostile file)") from None
-    except ValueError as e:  # an integer of thousands of digits, NaN/Infinity
+    except ValueError as e:  # an integer of thousands of digits
         raise error(f"{source}: not valid JSON ({e})") from None
     _check_values(value, source, error, max_depth)
     return value

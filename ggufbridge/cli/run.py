@@ -45,6 +45,11 @@ def assistant_text(transcript: str) -> str:
 def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, videos, llama_bin, show_command,
             think, reasoning_budget):
     """Answer PROMPT once with the chat template of the converted model and print the text."""
+    if images:  # a bad image is refused before the model is planned or a runtime looked for
+        from ggufbridge.vision.preprocess import check_image
+
+        for path in images:
+            check_image(path)
     s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))

@@ -19,12 +19,37 @@ MAX_SIDE = 16384
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 
 
+def check_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """The checks of `load_image` that need only the header (exists, format, size): cheap enough to run on every
+    input before anything else starts. Returns (width, height)."""
+    img = _open_checked(Path(path), max_pixels)
+    img.close()
+    return img.size
+
+
 def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS):
     """Open an image file as PIL RGB with bounded memory: the size is read from the header and checked before
     any pixel is decoded. Transparent images are composited on white (as the reference processor does)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     p = Path(path)
+    img = _open_checked(p, max_pixels)
+    try:
+        try:
+            img.load()
+        except Image.DecompressionBombError as e:
+            raise VisionInputError(f"{p}: refused by Pillow's decompression-bomb guard ({e})") from None
+        except (OSError, ValueError, SyntaxError) as e:
+            raise VisionInputError(f"{p}: the image data is truncated or corrupt ({e})") from None
+        return to_rgb(img)
+    finally:
+        img.close()
+
+
+def _open_checked(p: Path, max_pixels: int):
+    """The image opened lazily (header parsed, nothing decoded) and checked; closed again on any error."""
+    from PIL import Image, UnidentifiedImageError
+
     if not p.is_file():
         raise VisionInputError(f"{p}: no such image file")
     if p.stat().st_size == 0:
@@ -33,8 +58,9 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS):
         with warnings.catch_warnings():  # our own pixel limit below decides; Pillow's warning would be noise
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(p)  # lazy: parses the header only
-    except Image.DecompressionBombError as e:
-        raise VisionInputError(f"{p}: image is too large ({e})") from None
+    except Image.DecompressionBombError as e:  # Pillow's own guard, at twice its limit: far past ours
+        raise VisionInputError(f"{p}: image is too large, more than the limit of {max_pixels} pixels "
+                               f"(checked from the header, nothing decoded: {e})") from None
     except UnidentifiedImageError:
         raise VisionInputError(f"{p}: not an image in a supported format (expected one of {', '.join(FORMATS)})") from None
     except (OSError, ValueError) as e:
@@ -48,15 +74,10 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS):
         if w * h > max_pixels or max(w, h) > MAX_SIDE:
             raise VisionInputError(f"{p}: image is {w}×{h} = {w * h} pixels, more than the limit of {max_pixels} "
                                    f"({MAX_SIDE} per side; checked from the header, nothing decoded)")
-        try:
-            img.load()
-        except Image.DecompressionBombError as e:
-            raise VisionInputError(f"{p}: refused by Pillow's decompression-bomb guard ({e})") from None
-        except (OSError, ValueError, SyntaxError) as e:
-            raise VisionInputError(f"{p}: the image data is truncated or corrupt ({e})") from None
-        return to_rgb(img)
-    finally:
+    except BaseException:
         img.close()
+        raise
+    return img
 
 
 def to_rgb(img):
