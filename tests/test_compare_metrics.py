@@ -214,7 +214,7 @@ def test_dump_incomplete_leaves_no_file(tmp_path):
     ('{"ids": []}\n', "no tokens"),
     ('{"ids": [1, -2]}\n', "non-negative integers"),
     ('{"ids": [1], "text": "x"}\n', "exactly one of"),
-    ('not json\n', "not JSON"),
+    ('not json\n', "not valid JSON"),
     ('{"ids": [1, 2], "kind": 3}\n', "'kind' must be"),
 ])
 def test_bad_eval_files(tmp_path, content, message):
