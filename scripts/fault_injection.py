@@ -103,6 +103,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("fault_injection.json"))
     ap.add_argument("--hostile", action="store_true", help="also run the hostile-input cases (issue 27)")
     ap.add_argument("--server", action="store_true", help="with --hostile: also the image bomb through llama-server")
+    ap.add_argument("--startup-signals", action="store_true",
+                    help="with --hostile: also signals at fixed delays from the process start (not for CI: on a "
+                         "loaded machine the interpreter's own start-up can outlast them)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
@@ -188,7 +191,7 @@ def main() -> None:
     if args.hostile:
         from hostile_cases import run_cases
 
-        hostile = run_cases(work, ckpt, server=args.server)
+        hostile = run_cases(work, ckpt, server=args.server, startup_signals=args.startup_signals)
         report["hostile"] = hostile
         summary["hostile"] = {k: hostile[k] for k in ("cases", "held", "failed")}
     args.json.write_text(json.dumps(report, indent=2) + "\n")
