@@ -33,13 +33,19 @@ def user_message(e: BaseException) -> str | None:
     an OSError naming a file (missing, unreadable, a directory) or about the machine (disk full, permissions).
     None for anything else: that is a bug, and it shows as one (traceback, exit 1)."""
     if isinstance(e, GGUFBridgeError):
-        return str(e)
+        return one_line(str(e))
     if isinstance(e, OSError):
         if e.filename:
-            return f"{e.strerror or e}: {e.filename}"
+            return one_line(f"{e.strerror or e}: {e.filename}")
         if e.errno in ENVIRONMENT_ERRNOS:
-            return str(e)
+            return one_line(str(e))
     return None
+
+
+def one_line(msg: str) -> str:
+    """Messages quote untrusted names (tensor names, keys, file names): their line breaks and other control
+    characters are shown escaped, so that the message stays the one line it promises to be."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in msg)
 
 
 def user_errors(fn):
