@@ -26,7 +26,8 @@ from hypothesis import strategies as st  # noqa: E402
 from ggufbridge.errors import GGUFBridgeError  # noqa: E402
 
 # 60 inputs per reader in CI (the module takes ~20 s); GGUFBRIDGE_FUZZ_EXAMPLES=2000 for a deeper local run
-FUZZ = settings(max_examples=int(os.environ.get("GGUFBRIDGE_FUZZ_EXAMPLES", "60")), deadline=5000, derandomize=True, database=None,
+FUZZ = settings(max_examples=int(os.environ.get("GGUFBRIDGE_FUZZ_EXAMPLES", "60")), deadline=5000,
+                derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])
 MAX_PEAK = 256 << 20  # bytes traced while reading one input
