@@ -31,7 +31,7 @@ import numpy as np
 
 from ggufbridge.arch import dspark as ds
 from ggufbridge.arch import qwen35moe as qm
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, write_manifest
 from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab
 from ggufbridge.ggufio.writer import RAW, write_gguf
@@ -141,9 +141,9 @@ class BlockPool:
 def file_type(quant: str) -> int:
     if quant in FILE_TYPE:
         return FILE_TYPE[quant]
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
 
-    return RECIPE_FILE_TYPE[load_quant_recipe(quant).file_type]
+    return RECIPE_FILE_TYPE[load_mix(quant).file_type]
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -156,10 +156,10 @@ def target_type(name: str, shape: tuple, quant: str, n_layer: int) -> str:
         return "F32"  # what llama-quantize never quantises (and the runtime needs element-wise in F32)
     if quant not in FILE_TYPE:  # a quantisation recipe: the type of the tensor's class
         from ggufbridge.quant.classes import classify
-        from ggufbridge.quant.recipes import load_quant_recipe
+        from ggufbridge.quant.mix import load_mix
 
         cls = classify(name)
-        return "F32" if cls.kept else load_quant_recipe(quant).type_of(cls.name)
+        return "F32" if cls.kept else load_mix(quant).type_of(cls.name)
     if quant != "q4_k_m":
         return quant.upper()
     if name == "output.weight":

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggufbridge.cli import cli
-from ggufbridge.cli.run import assistant_text
+from ggufbridge.runtime.oneshot import assistant_text
 from ggufbridge.errors import ServerError
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import server as sv

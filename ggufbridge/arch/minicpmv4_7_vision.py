@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, planned
+from ggufbridge.arch.plan import Row, planned
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.model_dir import ModelDir, load_json
 from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
@@ -275,10 +276,10 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
         for row in VIT_MERGER:
             take(f"{TOWER}vit_merger.{row.source}", row.shape(p), row.gguf)
     else:
-        plan.notes.append("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
+        plan.note("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
     if p.grid != RUNTIME_GRID:
         exact = RUNTIME_GRID % p.grid == 0
-        plan.notes.append(f"mmproj: position table {p.grid}×{p.grid} expanded to the runtime's 70×70 bucket grid"
+        plan.note(f"mmproj: position table {p.grid}×{p.grid} expanded to the runtime's 70×70 bucket grid"
                           + ("" if exact else " (bucket centres; not exact for every image size)"))
     out = md.tensors.get(MERGER + "linear_2.weight")
     if out is not None and out.shape[0] != p.text_hidden:

@@ -77,3 +77,24 @@ DFLASH_SAMPLE_FROM_ANCHOR = "{arch}.sample_from_anchor"
 DFLASH_HAS_CONFIDENCE_HEAD = "{arch}.has_confidence_head"
 DFLASH_KEYS = (DFLASH_TARGET_LAYERS, DFLASH_BLOCK_SIZE, DFLASH_SAMPLE_FROM_ANCHOR, DFLASH_HAS_CONFIDENCE_HEAD)
 DFLASH_TENSORS = ("fc", "enc.output_norm", "markov_w1", "markov_w2", "conf_proj", "d2t")
+
+# ggufbridge's own keys in a quantised target (written through llama-quantize --override-kv): the mix it was made
+# with, the llama-quantize file type, and the tensors that fell back to another type
+QUANT_MIX = "ggufbridge.quant.recipe"  # the key's text predates the name "mix"; files in the wild carry it
+QUANT_TYPE = "ggufbridge.quant.type"
+QUANT_FALLBACKS = "ggufbridge.quant.fallbacks"
+
+# what a GGUF is, by its architecture (`general.architecture`); anything else with a qwen35moe-like header is the target
+ROLE_OF_ARCH = {DFLASH_ARCH: "draft", "clip": "mmproj"}
+
+
+def role_of(kv: dict) -> str:
+    """target, mmproj, draft or imatrix, from a GGUF's metadata."""
+    if kv.get("general.type") == "imatrix":  # llama-imatrix's output: no architecture, per-tensor statistics
+        return "imatrix"
+    arch = kv.get("general.architecture")
+    if isinstance(arch, str) and arch in ROLE_OF_ARCH:
+        return ROLE_OF_ARCH[arch]
+    if "clip.projector_type" in kv or "clip.has_vision_encoder" in kv or kv.get("general.type") == "mmproj":
+        return "mmproj"
+    return "target"
