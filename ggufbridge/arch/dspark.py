@@ -1,6 +1,6 @@
 """DSpark drafter (`Qwen3DSparkModel`: DFlash backbone + Markov head + confidence head) → `dflash` GGUF.
 
-Facts: shared/docs/runtime-facts.md section D. The draft has no vocabulary of its own: it carries a full copy of
+Facts and their sources: docs/formats.md, "Draft". The draft has no vocabulary of its own: it carries a full copy of
 the target's tokenizer keys and borrows the target's token embeddings and LM head at run time unless it ships its
 own. Every pairing rule is checked here, in `plan_draft`, before any output file is opened.
 
@@ -192,7 +192,7 @@ def _d2t_tensor(ref: TensorRef, p: DraftParams) -> PlannedTensor:
 
 
 def check_pairing(p: DraftParams, target_params, markov_rows: tuple[int, int]) -> None:
-    """Every coupling rule of runtime-facts D.5, each naming the expected and the found value."""
+    """Every draft/target coupling rule (docs/formats.md, "Draft"), each naming the expected and the found value."""
     t = target_params
     if p.vocab_size != t.vocab_size:
         raise PairingError(f"draft vocab_size must equal the target's {t.vocab_size}, found {p.vocab_size}")

@@ -1,7 +1,7 @@
 """MiniCPM-V 4.7 vision tower (SigLIP + window-attention vit_merger + downsample merger) → mmproj GGUF for the
 runtime's `minicpmv4_6` projector.
 
-Facts: shared/docs/runtime-facts.md section C. The name tables below are the whole mapping; the only transform
+Facts and their sources: docs/formats.md, "Vision projector". The name tables below are the whole mapping; the only transform
 is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
 """
 

@@ -1,6 +1,6 @@
 """Qwen3.5 hybrid MoE text tower (gated delta-net + gated full attention, routed + shared experts) → `qwen35moe`.
 
-Facts: shared/docs/runtime-facts.md section A. The name tables below are the whole mapping; the transforms are
+Facts and their sources: docs/formats.md, "Target". The name tables below are the whole mapping; the transforms are
 named so that each one is defined once, used by name, and can be switched off in the ablation tests.
 """
 

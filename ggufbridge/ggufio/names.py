@@ -52,10 +52,10 @@ def known_keys(arch: str) -> set[str]:
 
 # --- what gguf 0.19 lacks --------------------------------------------------------------------------------------
 
-# qwen35moe: which layers are gated delta-net (recurrent) rather than full attention (runtime-facts A)
+# qwen35moe: which layers are gated delta-net (recurrent) rather than full attention (docs/formats.md, "Target")
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
 
-# MiniCPM-V 4.6/4.7 mmproj: the window-attention merger's tensors (runtime projector minicpmv4_6, runtime-facts C)
+# MiniCPM-V 4.6/4.7 mmproj: the window-attention merger's tensors (runtime projector minicpmv4_6, docs/formats.md)
 VIT_MERGER_TENSORS = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ds_ln", "ds_ffn_up", "ds_ffn_down")
 VIT_MERGER = "v.vit_merger."
 # ... and the keys ggufbridge's patched libmtmd reads (a stock runtime ignores them)
@@ -69,7 +69,7 @@ MINICPMV_VIDEO_STACK_FRAMES = "clip.minicpmv.video.stack_frames"
 MINICPMV_KEYS = (MINICPMV_PROCESSOR_SLICING, MINICPMV_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_USE_IMAGE_ID,
                  MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES)
 
-# DFlash/DSpark draft (`dflash`, runtime-facts D): its own keys, and the tensors beside the usual blk.N.* ones
+# DFlash/DSpark draft (`dflash`, docs/formats.md, "Draft"): its own keys, and the tensors beside the usual blk.N.* ones
 DFLASH_ARCH = "dflash"
 DFLASH_TARGET_LAYERS = "{arch}.target_layers"
 DFLASH_BLOCK_SIZE = "{arch}.block_size"
