@@ -34,7 +34,7 @@ def make(name: str, work: Path) -> Path:
     import dataclasses
 
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import get_spec, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import get_spec, make_minicpmv47
 
     over, vocab = SHAPES[name]
     spec = dataclasses.replace(get_spec("ksafe"), **over)

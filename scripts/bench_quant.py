@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
     from ggufbridge.compare.run import compare
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+    from ggufbridge.testkit.checkpoint import make_minicpmv47
     from ggufbridge.quant import quantize_file
     from ggufbridge.quant.imatrix import compute_imatrix
 

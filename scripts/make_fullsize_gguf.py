@@ -14,7 +14,7 @@ blocks is reused), which changes nothing for speed: every tensor still has its o
     python scripts/make_fullsize_gguf.py OUT_DIR --tokenizer DIR [--quant q4_k_m] [--no-draft]
 
 OUT_DIR gets target.gguf, draft.gguf and a manifest.json, so `ggufbridge bench OUT_DIR` runs on it.
-TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbridge.synthetic.vocab.write_tokenizer.
+TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbridge.testkit.vocab.write_tokenizer.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def f32_values(name: str, shape: tuple, rng: np.random.Generator) -> np.ndarray:
 @dataclass(frozen=True)
 class Oracle:
     """A decisive target and a draft whose proposals are right at a controlled rate (the oracle pair of
-    ggufbridge.synthetic.dspark, at full shape). The target's greedy next token after t is succ(t), a cycle over
+    ggufbridge.testkit.dspark, at full shape). The target's greedy next token after t is succ(t), a cycle over
     `length` consecutive ids per cycle (every layer's output projection is zero, so the residual stream stays the
     one-hot token embedding; the head reads the predecessor's slot). The draft's Markov head proposes succ(t),
     except after every `period`-th token of cycle c (period 0: never), where it proposes succ(succ(t)): a round

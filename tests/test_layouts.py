@@ -21,7 +21,7 @@ from ggufbridge.arch import minicpmv4_7_vision as V
 from ggufbridge.checkpoint.model_dir import INDEX_NAME, SINGLE_NAME, ModelDir
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 
 # transformers-native prefix → native 4.7 prefix (the inverse of sglang's table; vit_merger before the tower)
 TO_NATIVE = (

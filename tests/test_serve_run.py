@@ -54,7 +54,7 @@ def test_run_with_an_image(make_ckpt, tmp_path_factory, tmp_path):
     import numpy as np
     from PIL import Image
 
-    from ggufbridge.compare import served_chat as sc
+    from ggufbridge.testkit import served_chat as sc
 
     model = converted(make_ckpt, tmp_path_factory, with_draft=True)
     img = tmp_path / "img.png"
