@@ -167,7 +167,7 @@ BASE_RECIPE = 'name = "x"\nbackend = "cpu"\n[memory]\nhost_gib = {host}\n[server
 def build_cases(work: Path, ckpt: Path) -> list[Case]:
     from ggufbridge.checkpoint.model_dir import ModelDir
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+    from ggufbridge.testkit.checkpoint import make_minicpmv47
 
     h = work / "hostile"
     shutil.rmtree(h, ignore_errors=True)
@@ -178,7 +178,8 @@ def build_cases(work: Path, ckpt: Path) -> list[Case]:
     target = folder / next(f["path"] for f in man["files"] if f["role"] == "target")
     shard = sorted(ckpt.glob("*.safetensors"))[0]
     tj = json.loads((ckpt / "tokenizer.json").read_text())
-    tcfg = json.loads((ckpt / "tokenizer_config.json").read_text()) if (ckpt / "tokenizer_config.json").is_file() else {}
+    tcfg_path = ckpt / "tokenizer_config.json"
+    tcfg = json.loads(tcfg_path.read_text()) if tcfg_path.is_file() else {}
     out = lambda name: h / f"out-{name}"  # noqa: E731
 
     def conv(name: str, edits: dict, *args) -> list[str]:

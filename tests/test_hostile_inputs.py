@@ -149,8 +149,8 @@ def test_safetensors_shape_must_be_integers(tmp_path, shape):
     """`[512.7, 64]` was taken as 512 (int() truncates); the safetensors library refuses it."""
     from ggufbridge.checkpoint.safetensors import read_header
 
-    p = _safetensors(tmp_path / "x.safetensors", {"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 4 * 512 * 64]}},
-                     b"\0" * (4 * 512 * 64))
+    entry = {"dtype": "F32", "shape": shape, "data_offsets": [0, 4 * 512 * 64]}
+    p = _safetensors(tmp_path / "x.safetensors", {"w": entry}, b"\0" * (4 * 512 * 64))
     with pytest.raises(errors.CheckpointError, match="integer shape"):
         read_header(p)
 
@@ -214,7 +214,7 @@ def test_hostile_hardware_recipe_is_one_error_line(converted, tmp_path, body):
 
 
 def test_hostile_quant_recipe_is_one_error_line(tmp_path, converted):
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix as load_quant_recipe
 
     for body in ("types = " + "[" * 5000 + "]" * 5000, "x = inf\n", "x = " + "9" * 5000 + "\n"):
         p = tmp_path / "m.toml"
@@ -225,7 +225,7 @@ def test_hostile_quant_recipe_is_one_error_line(tmp_path, converted):
 
 def test_deep_json_eval_and_prompt_files(tmp_path):
     from ggufbridge.compare import evalset
-    from ggufbridge.runtime.bench import load_prompts
+    from ggufbridge.runtime.benchmark import load_prompts
 
     p = tmp_path / "eval.jsonl"
     p.write_text('{"ids": ' + DEEP + "}\n")

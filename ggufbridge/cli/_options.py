@@ -28,9 +28,8 @@ from importlib import resources
 import click
 
 from ggufbridge.runtime.recipes import MAX_THREADS
+from ggufbridge.units import INT32_MAX  # every integer option's upper bound
 
-# every integer option's upper bound: values reach llama.cpp as C ints (std::stoi) or int32 GGUF/ctypes fields
-INT32_MAX = 2**31 - 1
 MAX_BYTES = 2**60  # a byte-size option beyond an exbibyte is a typo
 
 
@@ -95,12 +94,12 @@ def think(f):
     return f
 
 
-# --- output ------------------------------------------------------------------------------------------------------------
+# --- output -----------------------------------------------------------------------------------------------------------
 
 as_json = _option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
-# --- quantisation (convert, quantize) ----------------------------------------------------------------------------------
+# --- quantisation (convert, quantize) ---------------------------------------------------------------------------------
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm

@@ -62,12 +62,14 @@ def _open_checked(p: Path, max_pixels: int):
         raise VisionInputError(f"{p}: image is too large, more than the limit of {max_pixels} pixels "
                                f"(checked from the header, nothing decoded: {e})") from None
     except UnidentifiedImageError:
-        raise VisionInputError(f"{p}: not an image in a supported format (expected one of {', '.join(FORMATS)})") from None
+        raise VisionInputError(f"{p}: not an image in a supported format "
+                               f"(expected one of {', '.join(FORMATS)})") from None
     except (OSError, ValueError) as e:
         raise VisionInputError(f"{p}: cannot read the image ({e})") from None
     try:
         if img.format not in FORMATS:
-            raise VisionInputError(f"{p}: image format {img.format} is not supported (expected one of {', '.join(FORMATS)})")
+            raise VisionInputError(f"{p}: image format {img.format} is not supported "
+                                   f"(expected one of {', '.join(FORMATS)})")
         w, h = img.size
         if w <= 0 or h <= 0:
             raise VisionInputError(f"{p}: image has zero size ({w}×{h})")
