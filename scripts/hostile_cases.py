@@ -365,7 +365,7 @@ def run_stale_lock(ckpt: Path, work: Path) -> str | None:
     return None if o.code == 0 else f"exit {o.code}: {o.err.strip().splitlines()[-1:]}"
 
 
-def run_server_bomb(folder_with_mmproj: Path, work: Path) -> list[tuple[str, str | None]]:
+def run_server_bomb(folder_with_mmproj: Path, work: Path) -> list[tuple[str, str | None, str]]:
     """The image bomb and a truncated PNG as data URLs to a real `ggufbridge serve` (needs the built runtime)."""
     from ggufbridge.runtime import server as sv
 
@@ -383,7 +383,7 @@ def run_server_bomb(folder_with_mmproj: Path, work: Path) -> list[tuple[str, str
             status, answer = sv.http_json(srv.url + "/v1/chat/completions", body, timeout=120)
             text = json.dumps(answer)
             ok = status == 400 and all(w in text for w in words) and "video" not in text.lower()
-            results.append((label, None if ok else f"HTTP {status}: {text[:200]}"))
+            results.append((label, None if ok else f"HTTP {status}: {text[:200]}", f"HTTP {status}: {text[:300]}"))
     finally:
         srv.stop()
     return results
@@ -392,8 +392,9 @@ def run_server_bomb(folder_with_mmproj: Path, work: Path) -> list[tuple[str, str
 def run_cases(work: Path, ckpt: Path, server: bool = False, startup_signals: bool = False) -> dict:
     results = []
 
-    def record(name: str, problem: str | None, wall: float = 0.0) -> None:
-        results.append({"case": name, "held": problem is None, "problem": problem, "wall_s": round(wall, 2)})
+    def record(name: str, problem: str | None, wall: float = 0.0, answer: str | None = None) -> None:
+        results.append({"case": name, "held": problem is None, "problem": problem, "wall_s": round(wall, 2),
+                        **({"answer": answer} if answer else {})})
         print(f"{'held' if problem is None else 'FAIL'}  {name}" + ("" if problem is None else f"  — {problem}"))
 
     for case in build_cases(work, ckpt):
@@ -415,7 +416,7 @@ def run_cases(work: Path, ckpt: Path, server: bool = False, startup_signals: boo
         with_mmproj = work / "hostile" / "converted-mmproj"
         if not with_mmproj.is_dir():
             convert(ckpt, with_mmproj, outtype="f32", progress=False)
-        for name, problem in run_server_bomb(with_mmproj, work / "hostile"):
-            record(name, problem)
+        for name, problem, answer in run_server_bomb(with_mmproj, work / "hostile"):
+            record(name, problem, answer=answer)
     held = sum(r["held"] for r in results)
     return {"cases": len(results), "held": held, "failed": len(results) - held, "results": results}
