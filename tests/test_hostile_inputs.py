@@ -532,3 +532,21 @@ def test_server_refuses_an_image_bomb_before_decoding_and_says_image(make_ckpt, 
             assert all(w in message for w in words) and "video" not in message.lower(), message
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("tag,qt", [("F32", "F16"), ("BF16", "F16"), ("F32", "BF16"), ("F32", "Q8_0"),
+                                    ("BF16", "Q8_0"), ("F16", "F32")])
+def test_piecewise_encoding_equals_whole_tensor_encoding(tag, qt):
+    """The writer encodes piece by piece (bounded temporaries): the bytes must be those of the whole tensor."""
+    from gguf import GGMLQuantizationType
+
+    from ggufbridge.ggufio.writer import CHUNK, encode, pieces
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((3, CHUNK // 2 + 96)).astype(np.float32)
+    arr = {"F32": values, "F16": values.astype(np.float16),
+           "BF16": (values.view(np.uint32) >> 16).astype(np.uint16)}[tag]
+    q = GGMLQuantizationType[qt]
+    whole = np.ascontiguousarray(encode(arr, tag, q)).reshape(-1).view(np.uint8)
+    parts = np.concatenate([np.ascontiguousarray(encode(p, tag, q)).reshape(-1).view(np.uint8) for p in pieces(arr)])
+    assert len(list(pieces(arr))) > 1 and np.array_equal(whole, parts)
