@@ -63,11 +63,14 @@ MINICPMV_PROCESSOR_SLICING = "clip.minicpmv.processor_slicing"
 MINICPMV_MAX_SLICE_NUMS = "clip.minicpmv.max_slice_nums"
 MINICPMV_CANVAS_MROPE = "clip.minicpmv.canvas_mrope"
 MINICPMV_USE_IMAGE_ID = "clip.minicpmv.use_image_id"
+# ... and upstream llama.cpp's key for the processor's slice cap (its converter writes it for minicpmv4_6 and
+# minicpmv4_7 after our pin; docs/vision.md, "Which llama.cpp runs which file"): written beside ours, same value
+CLIP_VISION_MAX_SLICE_NUMS = "clip.vision.max_slice_nums"
 # ... and the video processor settings ggufbridge's video reader samples clips with (the runtime ignores them)
 MINICPMV_VIDEO_MAX_NUM_FRAMES = "clip.minicpmv.video.max_num_frames"
 MINICPMV_VIDEO_STACK_FRAMES = "clip.minicpmv.video.stack_frames"
 MINICPMV_KEYS = (MINICPMV_PROCESSOR_SLICING, MINICPMV_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_USE_IMAGE_ID,
-                 MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES)
+                 MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES, CLIP_VISION_MAX_SLICE_NUMS)
 
 # DFlash/DSpark draft (`dflash`, runtime-facts D): its own keys, and the tensors beside the usual blk.N.* ones
 DFLASH_ARCH = "dflash"
