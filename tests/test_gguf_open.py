@@ -241,3 +241,134 @@ def test_rename_keys_keeps_every_other_byte(tmp_path):
     assert probe(up).role == "draft"
     with pytest.raises(GGUFFileError, match="already has it"):
         rename_keys(src, tmp_path / "x.gguf", {"dflash.block_size": "dflash.sample_from_anchor"})
+
+
+# --- hub specs: fetching from a fake hub on 127.0.0.1 --------------------------------------------------------
+
+HUB_REPO = "org/model-GGUF"
+
+
+@pytest.fixture
+def gguf_hub(tmp_path, monkeypatch):
+    """A fake Hugging Face serving a GGUF repo: two quants (one split in two), two projectors, a draft, a card."""
+    import huggingface_hub.constants
+
+    from _hub_server import HubServer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {
+        "README.md": b"# model\n",
+        "m-Q8_0.gguf": _gguf(src / "a.gguf", "qwen35moe", {}, {"t.weight": np.arange(4096, dtype=np.float32)})
+        .read_bytes(),
+        "m-F16-00001-of-00002.gguf": _gguf(src / "b.gguf", "qwen35moe", {"split.no": 0, "split.count": 2}).read_bytes(),
+        "m-F16-00002-of-00002.gguf": _gguf(src / "c.gguf", None, {"split.no": 1, "split.count": 2}).read_bytes(),
+        "mmproj-m-F16.gguf": _mmproj(src / "d.gguf").read_bytes(),
+        "mmproj-m-F32.gguf": _mmproj(src / "e.gguf", "minicpmv4_7").read_bytes(),
+        "dspark-m-Q8_0.gguf": _draft(src / "f.gguf").read_bytes(),
+    }
+    with HubServer() as fake:
+        for k, v in {"HF_ENDPOINT": fake.url, "HF_HOME": tmp_path / "hf-home", "HF_HUB_CACHE": tmp_path / "hf",
+                     "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+            monkeypatch.setenv(k, str(v))
+        for k in ("HF_TOKEN", "HF_HUB_OFFLINE"):
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 1 << 8)
+        fake.add(HUB_REPO, files)
+        fake.files = files
+        yield fake
+
+
+def test_hub_spec_fetches_only_its_files(gguf_hub):
+    art = load_artifacts(ModelSpec(f"hf://{HUB_REPO}:Q8_0"), want_draft=True)
+    assert art.target.path.name == "m-Q8_0.gguf" and art.target.path.read_bytes() == gguf_hub.files["m-Q8_0.gguf"]
+    assert art.mmproj.path.name == "mmproj-m-F16.gguf" and art.draft.path.name == "dspark-m-Q8_0.gguf"
+    assert art.source == f"hf://{HUB_REPO}:Q8_0"
+    got = {r.path.rsplit("/", 1)[-1] for r in gguf_hub.requests("GET", "/resolve/")}
+    assert got == {"m-Q8_0.gguf", "mmproj-m-F16.gguf", "dspark-m-Q8_0.gguf"}
+    # a split quant: both parts, one artifact; without --draft no draft is fetched
+    art = load_artifacts(ModelSpec(f"hf://{HUB_REPO}:F16"))
+    assert [p.name for p in art.target.parts] == ["m-F16-00001-of-00002.gguf", "m-F16-00002-of-00002.gguf"]
+    assert art.draft is None and len(gguf_hub.gets_of("dspark-m-Q8_0.gguf")) == 1
+
+
+def test_hub_download_resumes_and_checks_sha256(gguf_hub, monkeypatch):
+    from _hub_server import Fault
+
+    gguf_hub.faults["m-Q8_0.gguf"] = Fault(truncate=3000)  # the connection drops after 3000 bytes, once
+    art = load_artifacts(ModelSpec(f"hf://{HUB_REPO}:Q8_0"))
+    assert art.target.path.read_bytes() == gguf_hub.files["m-Q8_0.gguf"]
+    ranges = [r.headers.get("range") for r in gguf_hub.gets_of("m-Q8_0.gguf")]
+    assert ranges[0] is None and len(ranges) == 2 and ranges[1].startswith("bytes=")  # resumed, not restarted
+    gguf_hub.faults["m-F16-00002-of-00002.gguf"] = Fault(lie=True)
+    with pytest.raises(HubError, match="checksum mismatch"):
+        load_artifacts(ModelSpec(f"hf://{HUB_REPO}:F16"))
+
+
+def test_hub_offline_uses_the_cache_and_errors_are_one_line(gguf_hub, monkeypatch):
+    load_artifacts(ModelSpec(f"hf://{HUB_REPO}:Q8_0"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    n = len(gguf_hub.log)
+    assert load_artifacts(ModelSpec(f"hf://{HUB_REPO}:Q8_0")).target.path.name == "m-Q8_0.gguf"
+    assert len(gguf_hub.log) == n  # no request at all
+    with pytest.raises(HubError, match="not in the HF cache .* HF_HUB_OFFLINE is set"):
+        load_artifacts(ModelSpec("hf://org/other-GGUF:Q8_0"))
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(HubError, match="repository not found"):
+        load_artifacts(ModelSpec("hf://org/nope:Q8_0"))
+    res = CliRunner().invoke(cli, ["plan", f"hf://{HUB_REPO}:Q5_K_M"])
+    assert res.exit_code == 2 and res.stderr.startswith(f"Error: hf://{HUB_REPO}:Q5_K_M: no GGUF file for Q5_K_M")
+
+
+# --- a draft against its target, from the headers --------------------------------------------------------------
+
+TOKENS = [f"t{i}" for i in range(8)]
+
+
+def _pair(tmp_path, **change):
+    """A target/draft header pair that fits (every coupling value explicit), with `change` applied to the draft:
+    key → value (None removes it), or tensor name → numpy shape (None removes it)."""
+    from ggufbridge.ggufio.reader import read_header
+
+    t = _gguf(tmp_path / "t.gguf", "qwen35moe", {"qwen35moe.block_count": 4, "qwen35moe.embedding_length": 16,
+                                                 "tokenizer.ggml.tokens": TOKENS},
+              {"token_embd.weight": np.zeros((8, 16), np.float32), "output.weight": np.zeros((8, 16), np.float32)})
+    kv = {"dflash.embedding_length": 16, "dflash.block_size": 4, "dflash.target_layers": [1, 3],
+          "tokenizer.ggml.tokens": TOKENS, "tokenizer.ggml.mask_token_id": 7}
+    shapes = {"markov_w1.weight": (8, 2), "markov_w2.weight": (8, 2), "fc.weight": (16, 32)}
+    for k, v in change.items():
+        (shapes if k.endswith(".weight") or k == "d2t" else kv).pop(k, None)
+        if v is not None:
+            (shapes if k.endswith(".weight") or k == "d2t" else kv)[k] = v
+    d = _gguf(tmp_path / "d.gguf", "dflash", kv, {n: np.zeros(s, np.float32) for n, s in shapes.items()})
+    return [read_header(t)], read_header(d)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({}, None),
+    ({"dflash.block_size": None, "dspark.block_size": 4, "dflash.target_layers": None, "dspark.target_layers": [1, 2]},
+     None),  # upstream's key convention
+    ({"dflash.embedding_length": 32}, "embedding_length must equal the target's 16, found 32"),
+    ({"dflash.target_layers": [1, 4]}, r"target layers must lie in \[1, 3\] for the 4-layer target, found \[1, 4\]"),
+    ({"dflash.target_layers": [0]}, r"target layers must lie in \[1, 3\]"),
+    ({"dflash.block_size": None}, "no block size"),
+    ({"dflash.block_size": 0}, "block size must be a positive integer"),
+    ({"dspark.block_size": 5}, "dflash.block_size = 4 and dspark.block_size = 5 disagree"),
+    ({"tokenizer.ggml.mask_token_id": 8}, r"mask_token_id must be inside the target vocabulary \[0, 8\), found 8"),
+    ({"tokenizer.ggml.tokens": TOKENS[:7] + ["x"]}, "tokenizer differs from the target's .* first difference at id 7"),
+    ({"markov_w1.weight": (9, 2)}, r"markov_w1 must have one row per target token \(8\), found 9"),
+    ({"markov_w2.weight": None}, "needs its Markov head"),
+    ({"d2t": (4,), "markov_w2.weight": (4, 2)}, "needs its own output.weight with 4 rows"),
+])
+def test_draft_coupling_checks(tmp_path, change, message):
+    from ggufbridge.errors import PairingError
+    from ggufbridge.runtime.pairing import check_draft
+
+    target, draft = _pair(tmp_path, **change)
+    if message is None:
+        check_draft(target, draft)
+    else:
+        with pytest.raises(PairingError, match=message):
+            check_draft(target, draft)
