@@ -50,7 +50,7 @@ def _ask(url: str, *, image: bool = True, n: int = 12) -> tuple[str, dict]:
 
 
 def _served(model: str | Path, console: Path, *args: str, env: dict | None = None):
-    return serve_process(Path(model), console, *SERVE, *args, timeout=180,
+    return serve_process(model, console, *SERVE, *args, timeout=180,
                          env=dict(env or os.environ, PYTHONPATH=str(REPO)))
 
 
