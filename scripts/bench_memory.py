@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 from ggufbridge.arch import qwen35moe as q
-from ggufbridge.synthetic.vocab import VOCAB_SIZE, write_tokenizer
+from ggufbridge.testkit.vocab import VOCAB_SIZE, write_tokenizer
 
 LAUNCHER = """
 import os, subprocess, sys, time

@@ -22,7 +22,7 @@ def converted(make_ckpt, tmp_path_factory, *, with_draft: bool = True, spec: str
     key = (spec, with_draft)
     if key not in _CACHE:
         from ggufbridge.convert import convert
-        from ggufbridge.synthetic.dspark import make_dspark
+        from ggufbridge.testkit.dspark import make_dspark
 
         ckpt = make_ckpt(spec, vocab="small")
         root = tmp_path_factory.mktemp(f"served-{spec}-{'draft' if with_draft else 'plain'}")

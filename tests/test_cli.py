@@ -239,8 +239,8 @@ def test_an_integer_too_large_for_the_runtime_is_a_usage_error(tmp_path):
 @pytest.mark.parametrize("target, args", [
     ("ggufbridge.compare.run.compare", ["compare", "a.gguf", "-r", "gguf:b.gguf", "--eval", "{ev}"]),
     ("ggufbridge.compare.run.dump_logits", ["dump-logits", "-m", "gguf:a.gguf", "--eval", "{ev}", "-o", "{tmp}/d.st"]),
-    ("ggufbridge.cli.bench.prepare", ["bench", "{tmp}"]),
-    ("ggufbridge.cli.run.prepare", ["run", "{tmp}", "-p", "hi"]),
+    ("ggufbridge.runtime.benchmark.prepare", ["bench", "{tmp}"]),
+    ("ggufbridge.runtime.oneshot.prepare", ["run", "{tmp}", "-p", "hi"]),
     ("ggufbridge.cli.plan.prepare", ["plan", "{tmp}"]),
     ("ggufbridge.demo.run_demo", ["demo"]),
     ("ggufbridge.verify.verify", ["verify", "{tmp}"]),

@@ -100,7 +100,7 @@ def test_manifest_names_and_general_metadata(make_ckpt, tmp_path, caplog):
 
 def test_size_label_of_the_real_shapes():
     """35B-A3B for the real model's shapes (computed from a plan of the real dimensions, no weights)."""
-    from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+    from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
     from ggufbridge.convert import size_label
 
     E, V, L, X, Fe = 2048, 248144, 40, 256, 512

@@ -16,7 +16,7 @@ from gguf import GGUFReader, GGUFValueType
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
 from ggufbridge.errors import NonFiniteWeights
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from ggufbridge.cli import cli
 from ggufbridge.errors import GGUFFileError, HubError, ManifestError
 from ggufbridge.ggufio.rewrite import rename_keys
 from ggufbridge.runtime.artifacts import ModelSpec, load_artifacts, probe
-from ggufbridge.runtime.pairing import DRAFT_KEYS, draft_value, upstream_keys
+from ggufbridge.ggufio.names import DRAFT_KEYS, upstream_draft_keys
+from ggufbridge.runtime.pairing import draft_value
 
 
 def _gguf(path: Path, arch: str | None, kv: dict | None = None, tensors: dict | None = None) -> Path:
@@ -81,7 +82,7 @@ def test_ambiguity_names_the_candidates(tmp_path):
     _mmproj(tmp_path / "p1.gguf")
     _mmproj(tmp_path / "p2.gguf")
     (tmp_path / "m-Q8_0.gguf").unlink()
-    with pytest.raises(ManifestError, match=r"2 candidates for the mmproj \(p1.gguf, p2.gguf\); name one with --mmproj"):
+    with pytest.raises(ManifestError, match=r"2 candidates for the mmproj \(p1.gguf, p2.gguf\); name one with"):
         load_artifacts(tmp_path)
     art = load_artifacts(ModelSpec(str(tmp_path), mmproj=str(tmp_path / "p2.gguf")))  # explicit wins
     assert art.mmproj.path.name == "p2.gguf"
@@ -216,7 +217,7 @@ def test_draft_values_under_either_prefix(tmp_path):
     assert draft_value({"dflash.block_size": 4, "dspark.block_size": 4}, "block_size", "f") == 4
     with pytest.raises(Exception, match="dflash.block_size = 4 and dspark.block_size = 5 disagree"):
         draft_value({"dflash.block_size": 4, "dspark.block_size": 5}, "block_size", "f")
-    assert upstream_keys({"dspark.block_size": 4, "dflash.target_layers": [1]}) == ["dspark.block_size"]
+    assert upstream_draft_keys({"dspark.block_size": 4, "dflash.target_layers": [1]}) == ["dspark.block_size"]
 
 
 def test_rename_keys_keeps_every_other_byte(tmp_path):

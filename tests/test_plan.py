@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from ggufbridge.cli import cli
 from ggufbridge.errors import PlanError, RecipeError
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime.recipes import load_recipe, packaged_names
 
 from _shape_gguf import write_qwen35moe
@@ -174,7 +174,7 @@ def test_rpc_devices_are_named_as_planned(real, tmp_path):
 
     x2 = load_recipe("spark-x2")
     plan = pl.make_plan(with_weights(real, 65), x2)
-    assert sv.plan_devices(plan) == [("RPC0", "rpc0"), ("CUDA0", "gpu0 (unified)")]
+    assert [(p.device, p.name, p.kind) for p in sv.plan_devices(plan)] == [("RPC0", "rpc0", "rpc"), ("CUDA0", "gpu0 (unified)", "gpu")]
     # 41 layers (40 blocks + output) split 112:112 as the runtime does: 21 blocks on the worker
     assert "layers: rpc0 0-20, gpu0 (unified) 21-39; output on gpu0 (unified)" in plan.format()
     assert sv.device_args(x2, plan, mmproj=True, draft=True) == [

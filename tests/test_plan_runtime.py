@@ -12,7 +12,7 @@ import re
 import pytest
 
 from ggufbridge.runtime import locate as loc
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 

@@ -24,7 +24,7 @@ from _runtime_models import converted, serve_process
 from ggufbridge.cli import cli
 from ggufbridge.ggufio.rewrite import rename_keys
 from ggufbridge.runtime import locate as loc
-from ggufbridge.runtime.pairing import DRAFT_KEYS
+from ggufbridge.ggufio.names import DRAFT_KEYS
 
 pytestmark = pytest.mark.slow
 

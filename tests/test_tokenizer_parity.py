@@ -17,7 +17,7 @@ from gguf import GGUFReader
 
 from ggufbridge.convert import convert
 from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
-from ggufbridge.synthetic.vocab import VOCAB_SIZE, marker_ids, reference_encode, reference_encoding
+from ggufbridge.testkit.vocab import VOCAB_SIZE, marker_ids, reference_encode, reference_encoding
 from ggufbridge.ggufio.tokenizer import CONTROL, UNUSED
 
 pytestmark = pytest.mark.slow

@@ -77,7 +77,7 @@ IMAGES = [(130, 250), (300, 300), (112, 112)]  # 2×1 slices (row newline), 3×3
 @pytest.fixture(scope="module")
 def thw(tmp_path_factory):
     """A checkpoint whose M-RoPE rotates t, h and w, converted: text F32, mmproj F32 (16x), and a 4x mmproj."""
-    from ggufbridge.synthetic.checkpoint import load_reference, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
 
     ck = make_minicpmv47(tmp_path_factory.mktemp("thw-ck"), SPEC_THW)
     res = convert(ck, tmp_path_factory.mktemp("thw-out"), outtype="f32", mmproj_outtype="f32", progress=False)
@@ -87,7 +87,7 @@ def thw(tmp_path_factory):
 
 
 def _session(res, **kw):
-    from ggufbridge.vision.bindings import VisionSession
+    from ggufbridge.testkit.bindings import VisionSession
 
     return VisionSession(res.path("target"), res.path("mmproj"), n_ctx=2048, **kw)
 

@@ -1,7 +1,7 @@
 """MiniCPM-V 4.7 vision tower (SigLIP + window-attention vit_merger + downsample merger) → mmproj GGUF for the
 runtime's `minicpmv4_6` projector.
 
-Facts: shared/docs/runtime-facts.md section C. The name tables below are the whole mapping; the only transform
+Facts and their sources: docs/formats.md, "Vision projector". The name tables below are the whole mapping; the only transform
 is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
 """
 
@@ -12,13 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, planned
+from ggufbridge.arch.plan import Row, planned
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.model_dir import ModelDir, load_json
 from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
-from ggufbridge.ggufio.names import (CLIP_VISION_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_MAX_SLICE_NUMS, MINICPMV_PROCESSOR_SLICING,
-                                    MINICPMV_USE_IMAGE_ID, MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES,
-                                    Keys)
+from ggufbridge.ggufio.names import (CLIP_VISION_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_MAX_SLICE_NUMS,
+                                    MINICPMV_PROCESSOR_SLICING, MINICPMV_USE_IMAGE_ID, MINICPMV_VIDEO_MAX_NUM_FRAMES,
+                                    MINICPMV_VIDEO_STACK_FRAMES, Keys)
 from ggufbridge.ggufio.names import VIT_MERGER as VIT_MERGER_PREFIX
 
 ARCH = "clip"
@@ -279,10 +280,10 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
         for row in VIT_MERGER:
             take(f"{TOWER}vit_merger.{row.source}", row.shape(p), row.gguf)
     else:
-        plan.notes.append("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
+        plan.note("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
     if p.grid != RUNTIME_GRID:
         exact = RUNTIME_GRID % p.grid == 0
-        plan.notes.append(f"mmproj: position table {p.grid}×{p.grid} expanded to the runtime's 70×70 bucket grid"
+        plan.note(f"mmproj: position table {p.grid}×{p.grid} expanded to the runtime's 70×70 bucket grid"
                           + ("" if exact else " (bucket centres; not exact for every image size)"))
     out = md.tensors.get(MERGER + "linear_2.weight")
     if out is not None and out.shape[0] != p.text_hidden:

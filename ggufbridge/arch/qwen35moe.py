@@ -1,6 +1,6 @@
 """Qwen3.5 hybrid MoE text tower (gated delta-net + gated full attention, routed + shared experts) → `qwen35moe`.
 
-Facts: shared/docs/runtime-facts.md section A. The name tables below are the whole mapping; the transforms are
+Facts and their sources: docs/formats.md, "Target". The name tables below are the whole mapping; the transforms are
 named so that each one is defined once, used by name, and can be switched off in the ablation tests.
 """
 
@@ -12,7 +12,8 @@ from typing import Callable
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, planned
+from ggufbridge.arch.plan import Row, planned
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.safetensors import DTYPES, TensorRef, to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
 from ggufbridge.ggufio.names import MODEL_ARCH, MODEL_ARCH_NAMES, RECURRENT_LAYERS, Keys, key, tensor
@@ -341,7 +342,7 @@ def plan_text(plan: ConversionPlan, p: TextParams, tensors: dict[str, TensorRef]
         for gname, per_expert, fused, part in EXPERTS:
             plan.tensors.append(_experts(gname, per_expert, fused, part, lp, tensors, p, il, used))
     if p.mtp_layers:
-        plan.notes.append(
+        plan.note(
             f"config declares {p.mtp_layers} MTP layer(s) but the checkpoint ships none: converted without MTP"
             if not any(".mtp." in n or n.startswith("mtp.") for n in tensors)
             else "MTP layers present but not converted (MiniCPM-V 4.7 GGUF has no MTP): converted without MTP"

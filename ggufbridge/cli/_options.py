@@ -26,8 +26,8 @@ from importlib import resources
 
 import click
 
-# every integer option's upper bound: values reach llama.cpp as C ints (std::stoi) or int32 GGUF/ctypes fields
-INT32_MAX = 2**31 - 1
+from ggufbridge.units import INT32_MAX  # every integer option's upper bound
+
 
 
 def _names(*parts: str) -> str:

@@ -9,7 +9,6 @@ that are missing or of the wrong size is its own policy (`serve` refuses, `verif
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -19,14 +18,6 @@ from ggufbridge.errors import ManifestError
 
 MANIFEST = "manifest.json"
 ROLES = ("target", "mmproj", "draft")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

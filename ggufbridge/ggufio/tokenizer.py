@@ -1,4 +1,4 @@
-"""Hugging Face byte-level BPE tokenizer files → `tokenizer.*` GGUF metadata (runtime-facts.md section B)."""
+"""Hugging Face byte-level BPE tokenizer files → `tokenizer.*` GGUF metadata (docs/formats.md, "Tokenizer")."""
 
 from __future__ import annotations
 

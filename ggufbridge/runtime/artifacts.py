@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import GGUFFileError, ManifestError
-from ggufbridge.ggufio.manifest import MANIFEST, ROLES, read_manifest, sha256_file
+from ggufbridge.files import sha256_file
+from ggufbridge.ggufio.manifest import MANIFEST, ROLES, read_manifest
+from ggufbridge.ggufio.names import ROLE_OF_ARCH, TARGET_ARCH, role_of
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 
-# general.architecture → role. The target must be the Qwen3.5-MoE text tower; anything else is not this model.
-ROLE_OF_ARCH = {"qwen35moe": "target", "clip": "mmproj", "dflash": "draft"}
-TARGET_ARCH = "qwen35moe"
 # MiniCPM-V 4.7's vision tower: ours (`minicpmv4_6`, the pinned runtime's name for the same graph) and upstream
 # llama.cpp's converter's (`minicpmv4_7`, after our pin; docs/vision.md, "Which llama.cpp runs which file").
 PROJECTORS = ("minicpmv4_6", "minicpmv4_7")
@@ -36,13 +35,19 @@ SLOT_OPTION = {"target": "MODEL", "mmproj": "--mmproj", "draft": "--draft"}
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
 
+def without_split_suffix(name: str) -> str:
+    """A split model's file name without its -00001-of-0000N part (`m-00001-of-00002.gguf` → `m.gguf`)."""
+    m = SPLIT_RE.match(name)
+    return f"{m['stem']}.gguf" if m else name
+
+
 @dataclass(frozen=True)
 class Artifact:
     role: str
     path: Path  # what llama.cpp is given: the file, or a split model's first part
     bytes: int  # of every part
     sha256: str | None = None  # from the manifest (None for files found otherwise)
-    type: str | None = None
+    type: str | None = None  # from the manifest
     parts: tuple[Path, ...] = ()  # a split model's parts in order; () for a single file
 
     @property
@@ -80,6 +85,16 @@ class Artifacts:
         return self.source
 
 
+def home_of(spec: "str | Path | ModelSpec") -> Path | None:
+    """The folder a model's own outputs go in (the server log, bench results): OUT_DIR or the folder of GGUFs, the
+    folder of MODEL.gguf; None for a hub spec (its files live in the HF cache, not ours to write into)."""
+    model = ModelSpec.of(spec).model
+    if model.startswith(("hf://", "ms://")):
+        return None
+    path = Path(model)
+    return path if path.is_dir() else path.parent
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the user named: MODEL (an OUT_DIR, a folder of GGUFs, a .gguf file or a hub spec) and, optionally,
@@ -109,19 +124,17 @@ def probe(path: Path) -> Probe:
     """Read one GGUF's header and say which role it can play. Bad files raise GGUFFileError (one line)."""
     h = read_header(path)
     kv = h.kv
-    if kv.get("general.type") == "imatrix":
-        return Probe(path, None, None, "an importance matrix", h)
     split_no = kv.get("split.no")
     if isinstance(split_no, int) and split_no > 0:
         return Probe(path, None, None, f"part {split_no + 1} of a split model", h)
     arch = kv.get("general.architecture")
     arch = arch if isinstance(arch, str) else None
-    role = ROLE_OF_ARCH.get(arch or "")
-    if role is None and ("clip.projector_type" in kv or "clip.has_vision_encoder" in kv):
-        role = "mmproj"
-    if role is None:
+    role = role_of(kv)
+    if role == "imatrix":
+        return Probe(path, None, None, "an importance matrix", h)
+    if role == "target" and arch != TARGET_ARCH:
         return Probe(path, None, arch, f"architecture {arch!r}, not a MiniCPM-V 4.7 file "
-                                       f"(expected {', '.join(ROLE_OF_ARCH)})", h)
+                                       f"(expected {', '.join([TARGET_ARCH, *ROLE_OF_ARCH])})", h)
     if role == "mmproj":
         proj = projector_type(kv)
         if proj not in PROJECTORS:
@@ -165,16 +178,7 @@ def _parts(first: Path, kv: dict) -> tuple[Path, ...]:
 def _artifact(pr: Probe, role: str) -> Artifact:
     parts = _parts(pr.path, pr.header.kv if pr.header else {})
     files = parts or (pr.path,)
-    return Artifact(role, pr.path, sum(p.stat().st_size for p in files), None, _file_type(pr), parts)
-
-
-def _file_type(pr: Probe) -> str | None:
-    ft = pr.header.kv.get("general.file_type") if pr.header else None
-    if isinstance(ft, int):
-        from ggufbridge.inspect import file_type_name
-
-        return file_type_name(ft)
-    return None
+    return Artifact(role, pr.path, sum(p.stat().st_size for p in files), None, None, parts)
 
 
 def _expect(pr: Probe, role: str, option: str) -> Artifact:

@@ -16,30 +16,22 @@ import logging
 import os
 from pathlib import Path
 
-from ggufbridge.errors import PairingError
+from ggufbridge.errors import GGUFFileError, PairingError
+from ggufbridge.ggufio.names import DFLASH_ARCH, DRAFT_KEYS, DSPARK_UPSTREAM_PREFIX, upstream_draft_keys
+from ggufbridge.ggufio.names import draft_value as _draft_value
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 
 log = logging.getLogger(__name__)
 
-DRAFT_ARCH = "dflash"
-UPSTREAM_PREFIX = "dspark."
-# the DSpark values and the keys that may hold them, ours first
-DRAFT_KEYS = {name: (f"{DRAFT_ARCH}.{name}", f"{UPSTREAM_PREFIX}{name}")
-              for name in ("block_size", "target_layers", "sample_from_anchor", "has_confidence_head")}
+DRAFT_ARCH = DFLASH_ARCH
 
 
-def draft_value(kv: dict, name: str, where: Path | str):
-    """The DSpark value `name` under either convention (None when absent); both present and different: refused."""
-    ours, theirs = (kv.get(k) for k in DRAFT_KEYS[name])
-    if ours is not None and theirs is not None and _plain(ours) != _plain(theirs):
-        raise PairingError(f"{where}: {DRAFT_KEYS[name][0]} = {_plain(ours)} and {DRAFT_KEYS[name][1]} = "
-                           f"{_plain(theirs)} disagree")
-    return ours if ours is not None else theirs
-
-
-def upstream_keys(kv: dict) -> list[str]:
-    """The `dspark.*` keys a draft holds without their `dflash.*` twin (what the pinned runtime would miss)."""
-    return [theirs for ours, theirs in DRAFT_KEYS.values() if theirs in kv and ours not in kv]
+def draft_value(kv: dict, name: str, where):
+    """names.draft_value, its disagreement a PairingError (a draft that contradicts itself)."""
+    try:
+        return _draft_value(kv, name, where)
+    except GGUFFileError as e:
+        raise PairingError(str(e)) from None
 
 
 def _plain(v):
@@ -118,7 +110,7 @@ def normalised_draft(path: Path, cache: Path) -> Path:
     from ggufbridge.ggufio.rewrite import rename_keys
 
     h = read_header(path)
-    missing = upstream_keys(h.kv)
+    missing = upstream_draft_keys(h.kv)
     if not missing:
         return path
     st = path.stat()
@@ -127,7 +119,7 @@ def normalised_draft(path: Path, cache: Path) -> Path:
     if dest.is_file():
         return dest
     cache.mkdir(parents=True, exist_ok=True)
-    renames = {k: "dflash." + k.removeprefix(UPSTREAM_PREFIX) for k in missing}
+    renames = {k: f"{DFLASH_ARCH}." + k.removeprefix(DSPARK_UPSTREAM_PREFIX) for k in missing}
     log.info("%s: upstream DSpark keys %s; serving a copy with them as %s (%s)", path, ", ".join(missing),
              ", ".join(renames.values()), dest)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")

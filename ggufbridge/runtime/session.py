@@ -8,9 +8,8 @@ from pathlib import Path
 from ggufbridge.errors import ManifestError, RuntimeNotFound
 from ggufbridge.ggufio.reader import read_header
 from ggufbridge.runtime import locate as loc
-from ggufbridge.runtime import pairing
-from ggufbridge.runtime import patches
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
+from ggufbridge.runtime import pairing, patches
 from ggufbridge.runtime.artifacts import Artifact, Artifacts, ModelSpec, load_artifacts
 from ggufbridge.runtime.recipes import Recipe, load_recipe
 
@@ -25,7 +24,7 @@ class Session:
     art: Artifacts
     target: pl.TargetShape
     draft: pl.DraftShape | None
-    plan: pl.Plan
+    plan: pl.MemoryPlan
     rt: loc.Runtime | None
     problems: list[str] = field(default_factory=list)  # why this runtime cannot run the plan
     image_loss: str | None = None  # one line when this runtime and mmproj lay images out other than the model does
