@@ -119,13 +119,14 @@ def test_plan_is_the_same_from_every_way_in(out, upstream_draft, tmp_path):
     roles = _roles(out)
 
     def plan(*args):
-        res = CliRunner().invoke(cli, ["plan", *args, "--recipe", "rtx4090", "--draft", "--json"])
+        res = CliRunner().invoke(cli, ["plan", *args, "--recipe", "spark", "--json"])
         assert res.exit_code == 0, res.output
         return json.loads(res.stdout)
 
-    ref = plan(str(out))
-    assert plan(str(roles["target"]), "--mmproj", str(roles["mmproj"]), "--draft", str(upstream_draft))["pools"] == \
-        ref["pools"]
+    ref = plan(str(out), "--draft")
+    assert ref["figures"]["draft_weights"] > 0 and ref["figures"]["mmproj"] > 0
+    assert plan(str(roles["target"]), "--mmproj", str(roles["mmproj"]), "--draft", str(upstream_draft)) == ref
+    assert plan(str(roles["target"]))["figures"]["mmproj"] == 0  # a single file is just that file
 
 
 def test_a_draft_that_does_not_fit_is_refused(out, tmp_path, make_ckpt, tmp_path_factory):
