@@ -373,3 +373,37 @@ def test_draft_coupling_checks(tmp_path, change, message):
     else:
         with pytest.raises(PairingError, match=message):
             check_draft(target, draft)
+
+
+# --- what images are like with a file on a runtime ------------------------------------------------------------
+
+class _Runtime:
+    """Stands in for locate.Runtime: the projector names its libmtmd holds, and whether it has the canvas patch."""
+
+    def __init__(self, projectors, canvas):
+        self.projectors, self.canvas_mrope = set(projectors), canvas
+
+    def has_string(self, text, lib="libmtmd"):
+        return text in self.projectors
+
+
+OURS = {"clip.projector_type": "minicpmv4_6", "clip.minicpmv.canvas_mrope": True}
+FOREIGN_46 = {"clip.projector_type": "minicpmv4_6"}
+UPSTREAM_47 = {"clip.vision.projector_type": "minicpmv4_7", "clip.vision.max_slice_nums": 9}
+
+
+@pytest.mark.parametrize("runtime, kv, problem, loss", [
+    (_Runtime({"minicpmv4_6"}, True), OURS, None, None),  # the patched pinned runtime, our file: exact
+    (_Runtime({"minicpmv4_6"}, True), FOREIGN_46, None, "without ggufbridge's clip.minicpmv"),
+    (_Runtime({"minicpmv4_6"}, True), UPSTREAM_47, "does not know projector 'minicpmv4_7'", None),
+    (_Runtime({"minicpmv4_6", "minicpmv4_7"}, True), UPSTREAM_47, None, None),  # a series that knows 4.7
+    (_Runtime({"minicpmv4_6"}, False), OURS, None, "stock llama.cpp gives image tokens 1-D positions"),
+    (_Runtime({"minicpmv4_6", "minicpmv4_7"}, False), UPSTREAM_47, None, "as upstream llama.cpp does"),
+    (_Runtime({"minicpmv4_6", "minicpmv4_7"}, False), OURS, None, "stock llama.cpp gives image tokens 1-D"),
+])
+def test_image_fidelity_of_a_file_on_a_runtime(runtime, kv, problem, loss):
+    from ggufbridge.runtime.patches import image_fidelity
+
+    got_problem, got_loss = image_fidelity(runtime, kv)
+    assert (got_problem is None) == (problem is None) and (problem is None or problem in got_problem)
+    assert (got_loss is None) == (loss is None) and (loss is None or loss in got_loss)

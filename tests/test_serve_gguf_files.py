@@ -15,6 +15,7 @@ import shutil
 import socket
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 from click.testing import CliRunner
@@ -190,3 +191,31 @@ def test_hub_spec(hub, tmp_path):
     res = CliRunner().invoke(cli, ["plan", f"hf://{HUB_REPO}:Q5_K_M"], env=env)
     assert res.exit_code == 2 and "no GGUF file for Q5_K_M" in res.stderr
     shutil.rmtree(tmp_path / "hf", ignore_errors=True)
+
+
+def _as_upstream_mmproj(ours: Path, dest: Path) -> Path:
+    """Our mmproj in upstream llama.cpp's convention: projector `minicpmv4_7`, none of our clip.minicpmv.* keys
+    (renamed out of the runtime's sight), upstream's clip.vision.max_slice_nums and scale_factor kept."""
+    from gguf import GGUFReader
+
+    ours_keys = [f.name for f in GGUFReader(ours).fields.values() if f.name.startswith("clip.minicpmv.")]
+    rename_keys(ours, dest, {k: "ours-dropped." + k for k in ours_keys})
+    r = GGUFReader(dest, "r+")
+    value = r.fields["clip.projector_type"].parts[-1]
+    assert bytes(value) == b"minicpmv4_6"
+    value[:] = np.frombuffer(b"minicpmv4_7", dtype=np.uint8)  # same length: edited in place
+    del r
+    return dest
+
+
+def test_an_upstream_projector_loads_where_the_runtime_knows_it(out, reference, tmp_path):
+    roles = _roles(out)
+    up = _as_upstream_mmproj(roles["mmproj"], tmp_path / "mmproj-upstream.gguf")
+    if not loc.locate().has_string("minicpmv4_7"):
+        res = CliRunner().invoke(cli, ["serve", str(roles["target"]), "--mmproj", str(up), "--port", "1"])
+        assert res.exit_code == 2 and "does not know projector 'minicpmv4_7'" in res.stderr
+        assert res.stderr.count("\n") == 1
+        return
+    console = tmp_path / "upstream.console"
+    assert _answer(roles["target"], console, "--mmproj", str(up))[0] == reference["image"]
+    assert "warning: images" not in console.read_text()

@@ -74,15 +74,16 @@ class Artifacts:
     def draft(self) -> Artifact | None:
         return self.files.get("draft")
 
-    def describe(self, role: str) -> str:
-        """Where a role would come from, for messages ('OUT/manifest.json', 'the folder OUT', '--draft')."""
+    def missing(self, role: str) -> str:
+        """Why there is no file for `role`, for messages: 'OUT/manifest.json lists no draft', ..."""
+        what = {"mmproj": "projector (mmproj)", "draft": "draft (dflash)", "target": "text model"}[role]
         if self.source == "manifest":
-            return f"{self.out_dir / MANIFEST}"
+            return f"{self.out_dir / MANIFEST} lists no {what}"
         if self.source == "folder":
-            return f"the folder {self.out_dir}"
+            return f"the folder {self.out_dir} holds no {what}"
         if self.source == "files":
-            return SLOT_OPTION[role]
-        return self.source
+            return f"no {what} was named ({SLOT_OPTION[role]} FILE)"
+        return f"{self.source} has no {what}"
 
 
 def home_of(spec: "str | Path | ModelSpec") -> Path | None:

@@ -43,8 +43,8 @@ def run_once(model: "str | Path | ModelSpec", prompt: str, *, recipe: str = "cpu
     if images or videos:
         if s.art.mmproj is None:
             flag = "--image" if images else "--video"
-            raise ServerError(f"{flag}: {s.art.describe('mmproj')} has no mmproj; convert with the vision tower, "
-                              f"or name one with --mmproj FILE")
+            raise ServerError(f"{flag}: {s.art.missing('mmproj')}; convert with the vision tower, or name one "
+                              f"with --mmproj FILE")
         if s.image_loss:
             on_warning(f"warning: images: {s.image_loss}")
         return _ask_server(s, prompt, list(images), list(videos), opts, n_predict=n_predict, temp=temp, seed=seed,

@@ -93,6 +93,8 @@ def dry_run_lines(st: ServeSetup) -> list[str]:
                      f"--port {ep.rsplit(':', 1)[1]}")
     lines.append(f"command: {sv.printable(st.argv)}")
     lines.append(s.plan.format())
+    if s.image_loss:
+        lines.append(f"note: images: {s.image_loss}")
     lines += [f"note: this runtime would refuse to serve: {p}" for p in s.problems]
     return lines
 

@@ -42,7 +42,7 @@ def prepare(out_dir: "str | Path | ModelSpec", recipe_name: str, *, draft: bool 
     dshape = None
     if draft:
         if art.draft is None:
-            raise ManifestError(f"--draft: {art.describe('draft')} has no draft (a dflash GGUF); convert the DSpark "
+            raise ManifestError(f"--draft: {art.missing('draft')}; convert the DSpark "
                                 f"draft into this folder first, or name one with --draft FILE")
         pairing.check_draft([read_header(p) for p in art.target.files], read_header(art.draft.path))
         dshape = pl.draft_from_gguf(art.draft.path)

@@ -75,8 +75,8 @@ def _common_args(recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOp
     a += reasoning_args(recipe, opts)
     if opts.draft:
         if art.draft is None:
-            raise ServerError(f"--draft: {art.describe('draft')} has no draft; convert the DSpark "
-                              f"draft into this folder first")
+            raise ServerError(f"--draft: {art.missing('draft')}; convert the DSpark draft into this folder, or "
+                              f"name one with --draft FILE")
         ngld = drf["n_gpu_layers"]
         a += ["-md", str(art.draft.path), "--spec-type", "draft-dspark",
               "--spec-draft-n-max", str(drf["n_max"]), "--spec-draft-n-min", str(drf["n_min"]),
