@@ -354,6 +354,7 @@ def _pair(tmp_path, **change):
     ({"dflash.embedding_length": 32}, "embedding_length must equal the target's 16, found 32"),
     ({"dflash.target_layers": [1, 4]}, r"target layers must lie in \[1, 3\] for the 4-layer target, found \[1, 4\]"),
     ({"dflash.target_layers": [0]}, r"target layers must lie in \[1, 3\]"),
+    ({"dflash.target_layers": "1,2"}, "target layers must be a list of layer numbers, found '1,2'"),
     ({"dflash.block_size": None}, "no block size"),
     ({"dflash.block_size": 0}, "block size must be a positive integer"),
     ({"dspark.block_size": 5}, "dflash.block_size = 4 and dspark.block_size = 5 disagree"),

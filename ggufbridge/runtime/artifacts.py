@@ -161,7 +161,7 @@ def _parts(first: Path, kv: dict) -> tuple[Path, ...]:
     m = SPLIT_RE.match(first.name)
     if count is None and m is None:
         return ()
-    if m is None or not isinstance(count, int) or int(m["count"]) != count or int(m["no"]) != 1:
+    if m is None or not isinstance(count, int) or count < 1 or int(m["count"]) != count or int(m["no"]) != 1:
         raise GGUFFileError(f"{first}: a split model's first part must be named NAME-00001-of-NNNNN.gguf with "
                             f"split.count = NNNNN, found split.count {count!r}")
     parts = [first.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]

@@ -63,7 +63,9 @@ def check_draft(target: list[GGUFHeader], draft: GGUFHeader) -> None:
     taps = draft_value(kv, "target_layers", where)
     if taps is None:
         raise PairingError(f"{where}: no target layers ({' or '.join(DRAFT_KEYS['target_layers'])})")
-    taps = [int(x) for x in _plain(taps)]
+    taps = _plain(taps)
+    if not isinstance(taps, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in taps):
+        raise PairingError(f"{where}: target layers must be a list of layer numbers, found {taps!r:.80}")
     bad = [x for x in taps if not 1 <= x <= n_layer - 1]
     if not taps or bad:
         raise PairingError(f"{where}: target layers must lie in [1, {n_layer - 1}] for the {n_layer}-layer target, "
