@@ -282,7 +282,10 @@ def gguf_hub(tmp_path, monkeypatch):
         yield fake
 
 
-def test_hub_spec_fetches_only_its_files(gguf_hub):
+def test_hub_spec_fetches_only_its_files(gguf_hub, tmp_path):
+    own = _mmproj(tmp_path / "own-mmproj.gguf")  # the user's own projector: the repo's is not fetched
+    assert load_artifacts(ModelSpec(f"hf://{HUB_REPO}:Q8_0", mmproj=str(own))).mmproj.path == own
+    assert not gguf_hub.gets_of("mmproj-m-F16.gguf")
     art = load_artifacts(ModelSpec(f"hf://{HUB_REPO}:Q8_0"), want_draft=True)
     assert art.target.path.name == "m-Q8_0.gguf" and art.target.path.read_bytes() == gguf_hub.files["m-Q8_0.gguf"]
     assert art.mmproj.path.name == "mmproj-m-F16.gguf" and art.draft.path.name == "dspark-m-Q8_0.gguf"

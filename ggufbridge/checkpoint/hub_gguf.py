@@ -95,7 +95,7 @@ def _has_token(path: str, tag: str) -> bool:
     return re.search(r"(?:^|[-_./])" + re.escape(tag) + r"(?=$|[-./])", stem, re.IGNORECASE) is not None
 
 
-def choose(files: list[str], spec: GGUFSpec, *, draft: bool) -> dict[str, list[str]]:
+def choose(files: list[str], spec: GGUFSpec, *, draft: bool, mmproj: bool = True) -> dict[str, list[str]]:
     """role → the repo paths to fetch (a split model: all its parts, in order). Errors name the candidates."""
     by_role: dict[str, dict[str, list[str]]] = {"target": {}, "mmproj": {}, "draft": {}}
     for f in sorted(files):
@@ -120,7 +120,7 @@ def choose(files: list[str], spec: GGUFSpec, *, draft: bool) -> dict[str, list[s
         raise HubError(f"{spec}: {len(hits)} files match; name one exactly ({_listing({g: [] for g in hits})})")
     out = {"target": _complete(targets[hits[0]], spec)}
     quant = spec.quant or _quant_of(hits[0])
-    mm = _pick(by_role["mmproj"], quant, spec, "projector", required=False)
+    mm = _pick(by_role["mmproj"], quant, spec, "projector", required=False) if mmproj else None
     if mm:
         out["mmproj"] = mm
     if draft:
@@ -199,9 +199,10 @@ def _repo_files(spec: GGUFSpec) -> list[str]:
     return [p.relative_to(snap).as_posix() for p in snap.rglob("*.gguf")]
 
 
-def fetch_gguf(spec: GGUFSpec, *, draft: bool = False, progress: bool = False) -> Fetched:
-    """Choose the files of `spec` and download them (or find them in the cache) → their local paths."""
-    chosen = choose(_repo_files(spec), spec, draft=draft)
+def fetch_gguf(spec: GGUFSpec, *, draft: bool = False, mmproj: bool = True, progress: bool = False) -> Fetched:
+    """Choose the files of `spec` and download them (or find them in the cache) → their local paths. `mmproj` /
+    `draft`: whether to fetch the repo's projector / draft (not when the user names their own)."""
+    chosen = choose(_repo_files(spec), spec, draft=draft, mmproj=mmproj)
     paths = [p for files in chosen.values() for p in files]
     snap = hub._hf_download(spec.hub_spec, progress, tuple(glob.escape(p) for p in paths))
     local = {}

@@ -204,7 +204,8 @@ def load_artifacts(spec: "str | Path | ModelSpec", verify_hashes: bool = False, 
 
     hspec = hub_gguf.parse_gguf_spec(model)
     if hspec is not None:
-        fetched = hub_gguf.fetch_gguf(hspec, draft=want_draft and spec.draft is None, progress=progress)
+        fetched = hub_gguf.fetch_gguf(hspec, draft=want_draft and spec.draft is None, mmproj=spec.mmproj is None,
+                                      progress=progress)
         return _from_files(ModelSpec(str(fetched.target), spec.mmproj or _opt(fetched.mmproj),
                                      spec.draft or _opt(fetched.draft)),
                            source=str(hspec), notes=fetched.notes)
