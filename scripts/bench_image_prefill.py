@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import io
 import json
 import os
 import subprocess

@@ -165,7 +165,8 @@ def _inspect_raising(monkeypatch, exc):
 
 @pytest.mark.parametrize("exc, line", [
     (GGUFFileError("x.gguf: not a GGUF file"), "Error: x.gguf: not a GGUF file"),
-    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.gguf"), "Error: No such file or directory: x.gguf"),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.gguf"),
+     "Error: No such file or directory: x.gguf"),
     (OSError(errno.ENOSPC, "No space left on device"), "Error: [Errno 28] No space left on device"),
 ])
 def test_errors_the_user_can_act_on_are_one_line_and_exit_2(monkeypatch, exc, line):

@@ -139,7 +139,8 @@ def test_runtime_rejects_mmproj_of_another_width(conv, tmp_path):
 
     ck = make_minicpmv47(tmp_path / "ck", TinySpec(hidden=32), vocab="small")
     other = convert(ck, tmp_path / "o", outtype="f32", progress=False)
-    with pytest.raises(VisionModelError, match="mmproj output width must equal the text model's hidden size 32, found 64"):
+    with pytest.raises(VisionModelError,
+                       match="mmproj output width must equal the text model's hidden size 32, found 64"):
         VisionSession(other.path("target"), conv("tiny").path("mmproj"))
 
 

@@ -8,6 +8,7 @@ and full-attention shapes (2 KV heads of 256) on a tiny hidden size, so the runt
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 

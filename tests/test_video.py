@@ -231,8 +231,9 @@ def test_video_settings_are_read_where_transformers_reads_them(tmp_path, where):
         (ck / "preprocessor_config.json").write_text(json.dumps(decoy))
     elif where == "preprocessor_config":
         (ck / "preprocessor_config.json").write_text(json.dumps(vp))
-    hf = {**{"max_num_frames": 128, "stack_frames": 1}, **{k: v for k, v in
-          MiniCPMV4_6VideoProcessor.get_video_processor_dict(str(ck))[0].items() if k in ("max_num_frames", "stack_frames")}}
+    upstream = MiniCPMV4_6VideoProcessor.get_video_processor_dict(str(ck))[0]
+    hf = {"max_num_frames": 128, "stack_frames": 1,
+          **{k: v for k, v in upstream.items() if k in ("max_num_frames", "stack_frames")}}
     assert read_video_settings(ModelDir.open(ck)) == hf
     out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", progress=False)
     got = video.VideoSettings.of_mmproj(out.path("mmproj"))

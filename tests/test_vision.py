@@ -49,7 +49,8 @@ def test_load_image_accepts_png_and_composites_alpha(tmp_path):
 def test_bad_images(tmp_path, name, content, match):
     p = tmp_path / name
     if content == "TRUNC":
-        full = _png(64, 64, zlib.compress(np.random.default_rng(0).integers(0, 256, 64 * 193, dtype=np.uint8).tobytes()))
+        pixels = np.random.default_rng(0).integers(0, 256, 64 * 193, dtype=np.uint8).tobytes()
+        full = _png(64, 64, zlib.compress(pixels))
         p.write_bytes(full[: len(full) // 2])
     elif content == "HUGE":  # a valid header announcing 100 megapixels, and no pixel data to speak of
         p.write_bytes(_png(10000, 10000, zlib.compress(b"\0" * 16)))

@@ -76,7 +76,8 @@ class DraftParams:
         coupling = _coupling(cfg, nested, notes)
 
         head_dim = cfg.positive("head_dim", cfg.positive("hidden_size") // cfg.positive("num_attention_heads"))
-        rope = Cfg(cfg.data.get("rope_parameters") or cfg.data.get("rope_scaling") or {}, f"{cfg.where}:rope_parameters")
+        rope = Cfg(cfg.data.get("rope_parameters") or cfg.data.get("rope_scaling") or {},
+                   f"{cfg.where}:rope_parameters")
         rope_type = rope.get("rope_type", str, rope.get("type", str, "default"))
         check(rope_type == "default", f"{cfg.where}: rope_type must be 'default', found {rope_type!r}")
         prf = rope.get("partial_rotary_factor", float, cfg.get("partial_rotary_factor", float, None))
@@ -118,18 +119,18 @@ class DraftParams:
 def _coupling(cfg: Cfg, nested: Cfg | None, notes: list[Note]) -> dict:
     """block_size / target_layer_ids / mask_token_id from either schema; both present must agree."""
     out = {}
-    for key, typ in COUPLING_KEYS.items():
-        top = cfg.get(key, typ, None)
-        sub = nested.get(key, typ, None) if nested else None
+    for name, typ in COUPLING_KEYS.items():
+        top = cfg.get(name, typ, None)
+        sub = nested.get(name, typ, None) if nested else None
         if top is not None and sub is not None and top != sub:
-            raise ConfigError(f"{cfg.where}: {key} is {top!r} at the top level but {sub!r} in dflash_config")
+            raise ConfigError(f"{cfg.where}: {name} is {top!r} at the top level but {sub!r} in dflash_config")
         val = sub if sub is not None else top
         if val is None:
-            if key != "block_size":
-                raise ConfigError(f"{cfg.where}: missing required key {key!r} (top level or dflash_config)")
+            if name != "block_size":
+                raise ConfigError(f"{cfg.where}: missing required key {name!r} (top level or dflash_config)")
             val = DEFAULT_BLOCK_SIZE
             notes.append(Note(f"draft config has no block_size: using the DFlash default {DEFAULT_BLOCK_SIZE}"))
-        out[key] = val
+        out[name] = val
     ids = out["target_layer_ids"]
     if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ConfigError(f"{cfg.where}: target_layer_ids must be a non-empty list of integers, found {ids!r}")
@@ -210,7 +211,8 @@ def check_pairing(p: DraftParams, target_params, markov_rows: tuple[int, int]) -
     if w1 != t.vocab_size:
         raise PairingError(f"markov_head.markov_w1 must have one row per target token ({t.vocab_size}), found {w1}")
     if w2 != p.draft_vocab_size:
-        raise PairingError(f"markov_head.markov_w2 must have one row per draft token ({p.draft_vocab_size}), found {w2}")
+        raise PairingError(f"markov_head.markov_w2 must have one row per draft token ({p.draft_vocab_size}), "
+                           f"found {w2}")
 
 
 def _target_uses_mrope(target: ModelDir) -> bool:
@@ -232,7 +234,8 @@ def plan_draft(dmd: ModelDir, *, target: ModelDir, target_plan: ConversionPlan, 
     check_pairing(p, target_params, (w1.shape[0], w2.shape[0]))
     rank = w1.shape[1]
     if len(w2.shape) != 2 or w2.shape[1] != rank:
-        raise CheckpointError(f"markov_head.markov_w2: expected {rank} columns (markov_w1's rank), found {list(w2.shape)}")
+        raise CheckpointError(f"markov_head.markov_w2: expected {rank} columns (markov_w1's rank), "
+                              f"found {list(w2.shape)}")
     p = replace(p, markov_rank=rank)
 
     used: set[str] = set()

@@ -1,8 +1,8 @@
 """MiniCPM-V 4.7 vision tower (SigLIP + window-attention vit_merger + downsample merger) → mmproj GGUF for the
 runtime's `minicpmv4_6` projector.
 
-Facts and their sources: docs/formats.md, "Vision projector". The name tables below are the whole mapping; the only transform
-is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
+Facts and their sources: docs/formats.md, "Vision projector". The name tables below are the whole mapping; the only
+transform is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     patch = v.positive("patch_size", 14)
     n_layer = v.positive("num_hidden_layers")
     img = v.positive("image_size", 980)
-    check(hidden % n_head == 0, f"{v.where}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({n_head})")
+    check(hidden % n_head == 0,
+          f"{v.where}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({n_head})")
     check(img % patch == 0, f"{v.where}: image_size ({img}) must be a multiple of patch_size ({patch})")
     # The runtime swaps fc1/fc2 whenever ffn_down's row length equals the hidden size (legacy-export fix), which a
     # correct file with intermediate_size == hidden_size would trigger: the result would be silently wrong.
@@ -130,7 +131,8 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     insert = root.get("insert_layer_id", int, v.get("insert_layer_id", int, 6))
     check(0 <= insert < n_layer, f"config.json: insert_layer_id must be in 0..{n_layer - 1}, found {insert}")
     merger_times = root.get("merger_times", int, 1)
-    check(merger_times == 1, f"config.json: merger_times must be 1 (the runtime has one final merger), found {merger_times}")
+    check(merger_times == 1,
+          f"config.json: merger_times must be 1 (the runtime has one final merger), found {merger_times}")
     kernel = root.get("merge_kernel_size", list, [2, 2])
     check(list(kernel) == [2, 2], f"config.json: merge_kernel_size must be [2, 2], found {kernel}")
 
@@ -141,7 +143,8 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     # processor, sglang, mlx-vlm: 448).
     slice_size = pre.positive("scale_resolution", DEFAULT_SCALE_RESOLUTION)
     pre_patch = pre.positive("patch_size", patch)
-    check(pre_patch == patch, f"{pre.where}: patch_size must equal vision_config.patch_size ({patch}), found {pre_patch}")
+    check(pre_patch == patch,
+          f"{pre.where}: patch_size must equal vision_config.patch_size ({patch}), found {pre_patch}")
     align = patch * DOWNSAMPLE[mode][1]
     # Warm-up encodes a slice_size² image; slices are aligned to patch·merge, so the slice size must be too.
     check(slice_size % (patch * 4) == 0,

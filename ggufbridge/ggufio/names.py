@@ -7,7 +7,7 @@ ggufbridge's patch series (patches/llama.cpp), and qwen35moe's per-layer recurre
 
 from __future__ import annotations
 
-from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys
+from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys  # noqa: F401  (re-exported)
 
 from ggufbridge.errors import GGUFFileError
 

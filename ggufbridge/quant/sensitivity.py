@@ -288,7 +288,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         n_tokens=sum(len(r.ids) for r in rows), probe_type=probe_type, types=list(types), base_kl=base,
         units={u: {"tensors": ts, "probe_kl": probe_kl[u], "error": error[u]} for u, ts in units.items()},
         shapes=shapes, source_types=keep,
-        all_types={t.name: t.type for t in header.tensors}, header=asdict(header_model), imatrix=imatrix, timings=timings)
+        all_types={t.name: t.type for t in header.tensors}, header=asdict(header_model), imatrix=imatrix,
+        timings=timings)
     tmp = cached.with_suffix(".part")
     tmp.write_text(json.dumps(sens.to_json(), indent=1))
     os.replace(tmp, cached)

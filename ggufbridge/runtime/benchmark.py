@@ -240,7 +240,8 @@ def draft_verdict(samples: list[Sample], counters: dict[str, dict], n_max: dict[
     line = (f"drafting pays on this machine for these prompts: use n_max {best['n_max']} "
             f"({best['speedup']:.2f}x target-only decode, {per_round} accepted tokens per round)" if pays else
             f"drafting does not pay on this machine for these prompts: the best draft length (n_max "
-            f"{best['n_max']}) decodes at {best['speedup']:.2f}x target-only ({per_round} accepted tokens per round); serve without --draft")
+            f"{best['n_max']}) decodes at {best['speedup']:.2f}x target-only ({per_round} accepted tokens per round); "
+            f"serve without --draft")
     return {"target_decode_tok_s": target, "rows": rows, "best_n_max": best["n_max"], "pays": pays, "verdict": line}
 
 
@@ -249,7 +250,8 @@ def markdown(result: dict) -> str:
     head = "| prompt tokens | target prefill tok/s | target decode tok/s | target TTFT s |"
     sep = "|---:|---:|---:|---:|"
     if has_draft:
-        head += " draft prefill tok/s | draft decode tok/s | draft TTFT s | acceptance | decode speed-up | greedy identical |"
+        head += (" draft prefill tok/s | draft decode tok/s | draft TTFT s | acceptance | decode speed-up |"
+                 " greedy identical |")
         sep += "---:|---:|---:|---:|---:|:---:|"
     lines = [f"# ggufbridge bench: {result['model']}", "",
              f"runtime: `{result['runtime']['bin']}` commit `{result['runtime']['commit']}`; recipe "

@@ -2,7 +2,8 @@
 
 Order: an explicit `--llama-bin DIR` (a user's own build), then `$LLAMA_CPP_BIN`, then the cached build
 that scripts/build_runtime.sh writes to `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-VERSION-{cuda,cpu}-pHASH`
-for this checkout's patch series (CUDA preferred when both exist). Every candidate is validated the same way by `check()`.
+for this checkout's patch series (CUDA preferred when both exist). Every candidate is validated the same way by
+`check()`.
 """
 
 from __future__ import annotations

@@ -369,12 +369,13 @@ def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool]:
     mem = recipe.memory
     prefix = DEVICE_PREFIX.get(recipe.backend)
     gpu = (lambda i: f"{prefix}{i}") if prefix else (lambda i: None)
-    rpc = [Pool(f"rpc{i}", "rpc", int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB), device=f"RPC{i}")
-           for i in range(rpc_workers)]
+    worker = int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB)
+    rpc = [Pool(f"rpc{i}", "rpc", worker, device=f"RPC{i}") for i in range(rpc_workers)]
     if mem["unified"]:
         shared = Pool("gpu0 (unified)", "gpu", int((mem["gpu_gib"][0] - mem["headroom_gib"]) * GIB), device=gpu(0))
         return rpc + [shared], shared
-    gpus = [Pool(f"gpu{i}", "gpu", int((g - mem["headroom_gib"]) * GIB), device=gpu(i)) for i, g in enumerate(mem["gpu_gib"])]
+    gpus = [Pool(f"gpu{i}", "gpu", int((g - mem["headroom_gib"]) * GIB), device=gpu(i))
+            for i, g in enumerate(mem["gpu_gib"])]
     host = Pool("host", "host", int((mem["host_gib"] - mem["host_headroom_gib"]) * GIB))
     return rpc + gpus, host
 

@@ -92,7 +92,8 @@ def image_part(path: str) -> dict:
     img = load_image(path)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
-    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def video_part(path: str, settings=None) -> dict:

@@ -15,4 +15,5 @@ from ggufbridge.runtime.server.process import (Server, check_bindable, free_port
 
 __all__ = ["ServeOptions", "Server", "chat", "check_bindable", "cli_argv", "complete_stream", "device_args",
            "free_port", "http_json", "log_has_error", "log_reason", "log_tail", "metrics", "model_alias",
-           "parse_rpc", "plan_devices", "printable", "reasoning_args", "server_argv", "signal_group", "spawn", "stop", "tokenize"]
+           "parse_rpc", "plan_devices", "printable", "reasoning_args", "server_argv", "signal_group", "spawn", "stop",
+           "tokenize"]

@@ -120,7 +120,8 @@ def reasoning_args(recipe: Recipe, opts: ServeOptions) -> list[str]:
     return a
 
 
-def server_argv(server_bin: str | Path, recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOptions) -> list[str]:
+def server_argv(server_bin: str | Path, recipe: Recipe, plan: MemoryPlan, art: Artifacts,
+                opts: ServeOptions) -> list[str]:
     a = [str(server_bin), *_common_args(recipe, plan, art, opts), "--host", opts.host, "--port", str(opts.port),
          "-np", str(recipe.server["parallel"]), "-a", model_alias(art), "--jinja",
          # thoughts in message.reasoning_content (OpenAI clients' field), not inline <think> text in content
