@@ -1,4 +1,5 @@
-"""`ggufbridge plan`: the memory plan of a model (a converted folder or GGUF files) under a hardware recipe, from the GGUF headers."""
+"""`ggufbridge plan`: the memory plan of a model (a converted folder or GGUF files) under a hardware recipe, from
+the GGUF headers."""
 
 from __future__ import annotations
 
