@@ -17,6 +17,7 @@ is given the first part and finds the others by name; the memory plan reads ever
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from ggufbridge.files import sha256_file
 from ggufbridge.ggufio.manifest import MANIFEST, ROLES, read_manifest
 from ggufbridge.ggufio.names import ROLE_OF_ARCH, TARGET_ARCH, role_of
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
+
+log = logging.getLogger(__name__)
 
 # MiniCPM-V 4.7's vision tower: ours (`minicpmv4_6`, the pinned runtime's name for the same graph) and upstream
 # llama.cpp's converter's (`minicpmv4_7`, after our pin; docs/vision.md, "Which llama.cpp runs which file").
@@ -280,6 +283,8 @@ def _from_folder(folder: Path, given: set[str] = frozenset()) -> Artifacts:
         if cands:
             files[role] = _artifact(cands[0], role)
             notes.append(f"{role}: {cands[0].path.name} (general.architecture {cands[0].arch})")
+    for n in notes:
+        log.info("%s: %s", folder, n)  # `-v` shows how each role was found
     if "target" not in files:
         other = "; ".join(notes) or "nothing usable"
         raise ManifestError(f"{folder}: no {MANIFEST} and no {TARGET_ARCH} text model among its .gguf files ({other})")
