@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Device command (issue 24): flash-attention decode at depth with quantized K/V, the series without and with the
+# GQA patch (patches/llama.cpp/*fattn-gqa*) built side by side. Run from a copy of this checkout whose parent holds
+# llama-src.tgz and whl/ (the lead's checkout carries them as .dev/h24, this checkout's files as .dev/h24/repo):
+#   cd .dev/h24/repo && bash scripts/gpu/fattn_h200.sh STEP...
+# Steps (each skips what a warm machine already has):
+#   build    both runtimes (/root/b0: the series without the patch; /root/b1: with it; llama-server and
+#            test-backend-ops, sm_90: one build, then the patch and an incremental rebuild) beside the files:
+#            the hq3m random-weight target (17.48 GB) and the oracle pair (make_fullsize_gguf.py --oracle)
+#   fatest   upstream test-backend-ops -o FLASH_ATTN_EXT on CUDA0 against the CPU (the patched build), then
+#            test-backend-ops perf for the GQA-8 / head-256 long-context cases, both builds
+#   exact    greedy 64 tokens at 32k depth, both builds, q8_0 and q4_0 KV: identical tokens, top-20 KL
+#   depth    target-only decode at 1k/32k/128k/256k (hq3m, h200 flags with the KV type): q8_0 and q4_0 on
+#            both builds, f16 on the patched one (f16 K/V never reach the changed code)
+#   drafted  the oracle pair with the draft (n_max 4, never-wrong cycle: ~4 accepted per round) at the same depths
+set -uo pipefail
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
+H=$(cd .. && pwd); O=${OUT:-/tmp/out}; mkdir -p "$O"
+S=/root/shm; L=/root/logs; mkdir -p $S $L  # logs travel back as $OUT/logs.tgz (8 files at most)
+mountpoint -q $S || mount -t tmpfs -o size=100G tmpfs $S || echo "no tmpfs at $S"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$H"/whl/*.whl \
+  >/dev/null 2>&1 || true
+export PYTHONPATH=/tmp/site:$PWD
+LENGTHS=1k,32k,128k,256k
+t() { echo "== $(date +%T) $*"; }
+gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
+  local d=$1; shift
+  [ -f $d/manifest.json ] || { python3 scripts/make_fullsize_gguf.py $d --tokenizer /root/tok "$@" 2>&1 | tail -2; }
+}
+PATCHES=$(ls patches/llama.cpp/[0-9][0-9][0-9][0-9]-*.patch | grep -v fattn-gqa)
+GQA=$(ls patches/llama.cpp/[0-9][0-9][0-9][0-9]-*fattn-gqa*.patch)
+TREE=/root/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+for step in "$@"; do t "$step"; case $step in
+build)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  [ -d /root/tok ] || python3 -c "from ggufbridge.synthetic.vocab import write_tokenizer as w; w('/root/tok')"
+  ( gen $S/hq3m --quant hq3m --no-draft; gen $S/oracle --oracle ) > $L/gen.log 2>&1 &
+  GEN=$!
+  if [ ! -x /root/b1/llama-server ]; then
+    T0=$(date +%s)
+    rm -rf /root/src && mkdir -p /root/src && tar -xzf "$H/llama-src.tgz" -C /root/src
+    for p in $PATCHES; do patch -p1 --forward --batch --quiet -d $TREE < $p || { echo "patch $p failed"; exit 1; }; done
+    cmake -S $TREE -B /root/bld -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
+      -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > $L/configure.log 2>&1 \
+      || { tail -20 $L/configure.log; exit 1; }
+    cmake --build /root/bld -j 16 --target llama-server test-backend-ops > $L/build0.log 2>&1 || { tail -30 $L/build0.log; exit 1; }
+    rm -rf /root/b0 && cp -a /root/bld/bin /root/b0
+    echo "build without the patch: $(( $(date +%s) - T0 )) s"
+    patch -p1 --forward --batch -d $TREE < $GQA || { echo "patch $GQA failed"; exit 1; }
+    cmake --build /root/bld -j 16 --target llama-server test-backend-ops > $L/build1.log 2>&1 || { grep -m5 -B2 -A8 "error" $L/build1.log; exit 1; }
+    rm -rf /root/b1 && cp -a /root/bld/bin /root/b1
+    echo "both builds: $(( $(date +%s) - T0 )) s"
+  fi
+  wait $GEN; cat $L/gen.log; ls -la $S/*/ | grep gguf ;;
+fatest)
+  export LD_LIBRARY_PATH=/root/b1
+  # the cases that reach the changed dispatch: quantized K/V (the GQA variant, the vector kernel, MMA prefill)
+  timeout 300 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 -p "type_K=(q8_0|q4_0)" > $L/fa-test-b1.log 2>&1
+  echo "test-backend-ops rc $?"
+  grep -E "FAIL|tests passed|Backend CUDA0" $L/fa-test-b1.log | tail -5
+  for b in b0 b1; do
+    LD_LIBRARY_PATH=/root/$b timeout 120 /root/$b/test-backend-ops perf -o FLASH_ATTN_EXT -b CUDA0 \
+      -p "hsk=256,hsv=256,nh=2,nr23=\[8,1\]" > $L/fa-perf-$b.log 2>&1
+    echo "perf $b rc $?"; grep -E "kv=(1024|32768|131072|262144)" $L/fa-perf-$b.log | sed 's/  */ /g' | head -40
+  done ;;
+exact)
+  for kv in q8_0 q4_0; do
+    python3 scripts/gpu/fattn_bench.py exact $S/hq3m --bins /root/b0,/root/b1 --kv $kv --depth 32k --json $O/exact.json
+  done ;;
+depth)
+  for kv in q8_0 q4_0 f16; do
+    for b in b0 b1; do
+      [ $kv = f16 ] && [ $b = b0 ] && continue
+      r=$(python3 scripts/gpu/fattn_bench.py recipe /root/recipes --kv $kv)
+      python3 scripts/gpu/recipe_bench.py measure $S/hq3m --recipe $r --tag $b-$kv --ctx 262144 --lengths $LENGTHS \
+        --llama-bin /root/$b --json $O/depth.json --logdir $L 2>&1 | grep -v "log accounting"
+    done
+  done ;;
+drafted)
+  for b in b0 b1; do
+    python3 scripts/gpu/fattn_bench.py drafted $S/oracle --bin /root/$b --kv q8_0 --n-max 4 --lengths $LENGTHS \
+      --tag drafted-$b-q8_0 --json $O/drafted.json --logdir $L
+  done ;;
+esac; tar -czf $O/logs.tgz -C $L . 2>/dev/null; done
+t done
