@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device command (issue 24): flash-attention decode at depth with quantized K/V, the series without and with the
 # GQA patch (patches/llama.cpp/*fattn-gqa*) built side by side. Run from a copy of this checkout whose parent holds
-# llama-src.tgz and whl/ (the lead's checkout carries them as .dev/h24, this checkout's files as .dev/h24/repo):
+# llama-src.tgz, whl/ and tok/ (the lead's checkout carries them as .dev/h24, this checkout's files as .dev/h24/repo):
 #   cd .dev/h24/repo && bash scripts/gpu/fattn_h200.sh STEP...
 # Steps (each skips what a warm machine already has):
 #   build    both runtimes (/root/b0: the series without the patch; /root/b1: with it; llama-server and
@@ -33,7 +33,8 @@ TREE=/root/src/llama_cpp_python-0.3.36/vendor/llama.cpp
 for step in "$@"; do t "$step"; case $step in
 build)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  [ -d /root/tok ] || python3 -c "from ggufbridge.synthetic.vocab import write_tokenizer as w; w('/root/tok')"
+  # the Qwen3.5 tokenizer as ggufbridge.synthetic.vocab.write_tokenizer writes it (carried as tok/, gzipped)
+  [ -f /root/tok/tokenizer.json ] || { mkdir -p /root/tok && cp "$H"/tok/* /root/tok/ && gunzip -f /root/tok/tokenizer.json.gz; }
   ( gen $S/hq3m --quant hq3m --no-draft; gen $S/oracle --oracle ) > $L/gen.log 2>&1 &
   GEN=$!
   if [ ! -x /root/b1/llama-server ]; then
