@@ -3,16 +3,18 @@
 # GQA patch (patches/llama.cpp/*fattn-gqa*) built side by side. Run from a copy of this checkout whose parent holds
 # llama-src.tgz, whl/ and tok/ (the lead's checkout carries them as .dev/h24, this checkout's files as .dev/h24/repo):
 #   cd .dev/h24/repo && bash scripts/gpu/fattn_h200.sh STEP...
-# Steps (each skips what a warm machine already has):
+# Steps (build skips what a warm machine already has):
 #   build    both runtimes (/root/b0: the series without the patch; /root/b1: with it; llama-server and
 #            test-backend-ops, sm_90: one build, then the patch and an incremental rebuild) beside the files:
 #            the hq3m random-weight target (17.48 GB) and the oracle pair (make_fullsize_gguf.py --oracle)
-#   fatest   upstream test-backend-ops -o FLASH_ATTN_EXT on CUDA0 against the CPU (the patched build), then
-#            test-backend-ops perf for the GQA-8 / head-256 long-context cases, both builds
-#   exact    greedy 64 tokens at 32k depth, both builds, q8_0 and q4_0 KV: identical tokens, top-20 KL
-#   depth    target-only decode at 1k/32k/128k/256k (hq3m, h200 flags with the KV type): q8_0 and q4_0 on
-#            both builds, f16 on the patched one (f16 K/V never reach the changed code)
-#   drafted  the oracle pair with the draft (n_max 4, never-wrong cycle: ~4 accepted per round) at the same depths
+#   fatest   upstream test-backend-ops -o FLASH_ATTN_EXT on CUDA0 against the CPU (patched build), and kernel
+#            times of the old dispatch and both GQA variants at GQA 8 / head 256 ($OUT/fa-perf.txt); picks the
+#            variant (Q heads per block) that the later steps use
+#   exact-KV greedy 64 tokens at 32k depth, both builds: identical tokens, top-20 KL ($OUT/exact.json)
+#   depth-KV target-only decode at 1k/32k/128k/256k (hq3m, the h200 recipe's flags with K/V type KV), both
+#            builds (f16: the patched one only, f16 K/V never reach the changed code) ($OUT/depth.json)
+#   drafted-B the oracle pair with the draft (n_max 4, the never-wrong cycle: ~4 accepted per round), q8_0 K/V,
+#            build B at the same depths ($OUT/drafted.json)
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 H=$(cd .. && pwd); O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -30,6 +32,8 @@ gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
 PATCHES=$(ls patches/llama.cpp/[0-9][0-9][0-9][0-9]-*.patch | grep -v fattn-gqa)
 GQA=$(ls patches/llama.cpp/[0-9][0-9][0-9][0-9]-*fattn-gqa*.patch)
 TREE=/root/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+# the GQA variant fatest chose from the kernel times (Q heads per block), for every later step on this machine
+[ -f /root/gqa.env ] && . /root/gqa.env && echo "GGML_CUDA_FA_GQA_VEC_NCOLS2=$GGML_CUDA_FA_GQA_VEC_NCOLS2"
 for step in "$@"; do t "$step"; case $step in
 build)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -55,33 +59,50 @@ build)
   fi
   wait $GEN; cat $L/gen.log; ls -la $S/*/ | grep gguf ;;
 fatest)
+  # upstream's FLASH_ATTN_EXT tests on CUDA0 against the CPU, patched build: every quantized-K/V case with the
+  # default GQA variant (8 Q heads per block), the GQA cases again with 4 Q heads per block
   export LD_LIBRARY_PATH=/root/b1
-  # the cases that reach the changed dispatch: quantized K/V (the GQA variant, the vector kernel, MMA prefill)
-  timeout 300 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 -p "type_K=(q8_0|q4_0)" > $L/fa-test-b1.log 2>&1
-  echo "test-backend-ops rc $?"
-  grep -E "FAIL|tests passed|Backend CUDA0" $L/fa-test-b1.log | tail -5
+  timeout 200 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 -p "type_K=(q8_0|q4_0)" > $L/fa-test-b1.log 2>&1
+  echo "test-backend-ops (quantized K/V) rc $?"; grep -E "FAIL|tests passed" $L/fa-test-b1.log | tail -3
+  GGML_CUDA_FA_GQA_VEC_NCOLS2=4 timeout 100 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 \
+    -p "nr23=\[(8|16),1\].*type_K=(q8_0|q4_0)" > $L/fa-test-b1-ncols2_4.log 2>&1
+  echo "test-backend-ops (GQA cases, 4 heads per block) rc $?"; grep -E "FAIL|tests passed" $L/fa-test-b1-ncols2_4.log | tail -3
+  # kernel times for GQA 8 / head 256 (the patched build's test binary; MAX_BATCH=0 is the old dispatch)
+  P="hsk=256,hsv=256,nh=2,nr23=\[8,1\],kv=(1024|32768|131072|262144),nb=(1|5|16),"
+  for v in old:GGML_CUDA_FA_GQA_VEC_MAX_BATCH=0 gqa8:GGML_CUDA_FA_GQA_VEC_NCOLS2=8 gqa4:GGML_CUDA_FA_GQA_VEC_NCOLS2=4; do
+    env ${v#*:} timeout 60 /root/b1/test-backend-ops perf -o FLASH_ATTN_EXT -b CUDA0 -p "$P" > $L/fa-perf-${v%%:*}.log 2>&1
+  done
+  python3 - $L <<'PY' | tee $O/fa-perf.txt
+import re, sys
+from pathlib import Path
+rows = {}
+for v in ("old", "gqa8", "gqa4"):
+    for line in (Path(sys.argv[1]) / f"fa-perf-{v}.log").read_text().splitlines():
+        m = re.search(r"kv=(\d+),nb=(\d+),.*type_K=(\w+),.*- +([\d.]+) us/run", line)
+        if m:
+            rows.setdefault((m[3], int(m[1]), int(m[2])), {})[v] = float(m[4])
+print("type kv nb: us/run old gqa8 gqa4")
+for k in sorted(rows):
+    print(*k, *(rows[k].get(v) for v in ("old", "gqa8", "gqa4")))
+q8 = [r for k, r in rows.items() if k[0] == "q8_0" and k[1] >= 131072 and k[2] == 1]
+best = 4 if q8 and sum(r.get("gqa4", 1e9) for r in q8) < sum(r.get("gqa8", 1e9) for r in q8) else 8
+Path("/root/gqa.env").write_text(f"export GGML_CUDA_FA_GQA_VEC_NCOLS2={best}\n")
+print("chosen: GGML_CUDA_FA_GQA_VEC_NCOLS2", best)
+PY
+  ;;
+exact-q8_0|exact-q4_0)
+  python3 scripts/gpu/fattn_bench.py exact $S/hq3m --bins /root/b0,/root/b1 --kv ${step#exact-} --depth 32k --json $O/exact.json ;;
+depth-q8_0|depth-q4_0|depth-f16)
+  kv=${step#depth-}
   for b in b0 b1; do
-    LD_LIBRARY_PATH=/root/$b timeout 120 /root/$b/test-backend-ops perf -o FLASH_ATTN_EXT -b CUDA0 \
-      -p "hsk=256,hsv=256,nh=2,nr23=\[8,1\]" > $L/fa-perf-$b.log 2>&1
-    echo "perf $b rc $?"; grep -E "kv=(1024|32768|131072|262144)" $L/fa-perf-$b.log | sed 's/  */ /g' | head -40
+    [ $kv = f16 ] && [ $b = b0 ] && continue  # f16 K/V never reach the changed code
+    r=$(python3 scripts/gpu/fattn_bench.py recipe /root/recipes --kv $kv)
+    python3 scripts/gpu/recipe_bench.py measure $S/hq3m --recipe $r --tag $b-$kv --ctx 262144 --lengths $LENGTHS \
+      --llama-bin /root/$b --json $O/depth.json --logdir $L 2>&1 | grep -v "log accounting"
   done ;;
-exact)
-  for kv in q8_0 q4_0; do
-    python3 scripts/gpu/fattn_bench.py exact $S/hq3m --bins /root/b0,/root/b1 --kv $kv --depth 32k --json $O/exact.json
-  done ;;
-depth)
-  for kv in q8_0 q4_0 f16; do
-    for b in b0 b1; do
-      [ $kv = f16 ] && [ $b = b0 ] && continue
-      r=$(python3 scripts/gpu/fattn_bench.py recipe /root/recipes --kv $kv)
-      python3 scripts/gpu/recipe_bench.py measure $S/hq3m --recipe $r --tag $b-$kv --ctx 262144 --lengths $LENGTHS \
-        --llama-bin /root/$b --json $O/depth.json --logdir $L 2>&1 | grep -v "log accounting"
-    done
-  done ;;
-drafted)
-  for b in b0 b1; do
-    python3 scripts/gpu/fattn_bench.py drafted $S/oracle --bin /root/$b --kv q8_0 --n-max 4 --lengths $LENGTHS \
-      --tag drafted-$b-q8_0 --json $O/drafted.json --logdir $L
-  done ;;
+drafted-b0|drafted-b1)
+  b=${step#drafted-}
+  python3 scripts/gpu/fattn_bench.py drafted $S/oracle --bin /root/$b --kv q8_0 --n-max 4 --lengths $LENGTHS \
+    --tag drafted-$b-q8_0 --json $O/drafted.json --logdir $L ;;
 esac; tar -czf $O/logs.tgz -C $L . 2>/dev/null; done
 t done
