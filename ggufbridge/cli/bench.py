@@ -15,8 +15,9 @@ from ggufbridge.runtime.session import prepare
 
 @click.command()
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--prompt-lengths", default="1k,2k,4k,8k", show_default=True,
-              help="Comma-separated prompt lengths in tokens (k = 1024).")
+@click.option("--prompt-lengths", "--depths", "prompt_lengths", default="1k,2k,4k,8k", show_default=True,
+              help="Comma-separated prompt lengths (context depths) in tokens (k = 1024), e.g. 1k,32k,128k,250k: "
+                   "decode and prefill speed at each depth, target-only and with --draft.")
 @opt.draft("Also run with the DSpark draft and compare; says whether drafting pays on this machine and with "
            "which n_max.")
 @click.option("--draft-n-max", default=None, metavar="N[,N...]",

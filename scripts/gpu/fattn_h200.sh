@@ -8,8 +8,8 @@
 #            test-backend-ops, sm_90: one build, then the patch and an incremental rebuild) beside the files:
 #            the hq3m random-weight target (17.48 GB) and the oracle pair (make_fullsize_gguf.py --oracle)
 #   fatest   upstream test-backend-ops -o FLASH_ATTN_EXT on CUDA0 against the CPU (patched build), and kernel
-#            times of the old dispatch and both GQA variants at GQA 8 / head 256 ($OUT/fa-perf.txt); picks the
-#            variant (Q heads per block) that the later steps use
+#            times at GQA 8 / head 256 of the old dispatch, the new one, and the GQA variant for batches up to
+#            16 tokens ($OUT/fa-perf.txt)
 #   exact-KV greedy 64 tokens at 32k depth, both builds: identical tokens, top-20 KL ($OUT/exact.json)
 #   depth-KV target-only decode at 1k/32k/128k/256k (hq3m, the h200 recipe's flags with K/V type KV), both
 #            builds (f16: the patched one only, f16 K/V never reach the changed code) ($OUT/depth.json)
@@ -32,8 +32,6 @@ gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
 PATCHES=$(ls patches/llama.cpp/[0-9][0-9][0-9][0-9]-*.patch | grep -v fattn-gqa)
 GQA=$(ls patches/llama.cpp/[0-9][0-9][0-9][0-9]-*fattn-gqa*.patch)
 TREE=/root/src/llama_cpp_python-0.3.36/vendor/llama.cpp
-# the GQA variant fatest chose from the kernel times (Q heads per block), for every later step on this machine
-[ -f /root/gqa.env ] && . /root/gqa.env && echo "GGML_CUDA_FA_GQA_VEC_NCOLS2=$GGML_CUDA_FA_GQA_VEC_NCOLS2"
 for step in "$@"; do t "$step"; case $step in
 build)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -59,35 +57,30 @@ build)
   fi
   wait $GEN; cat $L/gen.log; ls -la $S/*/ | grep gguf ;;
 fatest)
-  # upstream's FLASH_ATTN_EXT tests on CUDA0 against the CPU, patched build: every quantized-K/V case with the
-  # default GQA variant (8 Q heads per block), the GQA cases again with 4 Q heads per block
+  # upstream's FLASH_ATTN_EXT tests on CUDA0 against the CPU, patched build, every quantized-K/V case (the GQA
+  # variant: the 32k-row cases; with GGML_CUDA_FA_GQA_VEC_MAX_BATCH=16 also their batches up to 16 tokens)
   export LD_LIBRARY_PATH=/root/b1
-  timeout 200 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 -p "type_K=(q8_0|q4_0)" > $L/fa-test-b1.log 2>&1
-  echo "test-backend-ops (quantized K/V) rc $?"; grep -E "FAIL|tests passed" $L/fa-test-b1.log | tail -3
-  GGML_CUDA_FA_GQA_VEC_NCOLS2=4 timeout 100 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 \
-    -p "nr23=\[(8|16),1\].*type_K=(q8_0|q4_0)" > $L/fa-test-b1-ncols2_4.log 2>&1
-  echo "test-backend-ops (GQA cases, 4 heads per block) rc $?"; grep -E "FAIL|tests passed" $L/fa-test-b1-ncols2_4.log | tail -3
-  # kernel times for GQA 8 / head 256 (the patched build's test binary; MAX_BATCH=0 is the old dispatch)
+  for v in default:X=0 batch16:GGML_CUDA_FA_GQA_VEC_MAX_BATCH=16; do
+    env ${v#*:} timeout 200 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 -p "type_K=(q8_0|q4_0)" > $L/fa-test-${v%%:*}.log 2>&1
+    echo "test-backend-ops (quantized K/V, ${v%%:*}) rc $?"; grep -E "FAIL|tests passed" $L/fa-test-${v%%:*}.log | tail -3
+  done
+  # kernel times for GQA 8 / head 256 from the patched build's test binary: MAX_BATCH=0 is the old dispatch
   P="hsk=256,hsv=256,nh=2,nr23=\[8,1\],kv=(1024|32768|131072|262144),nb=(1|5|16),"
-  for v in old:GGML_CUDA_FA_GQA_VEC_MAX_BATCH=0 gqa8:GGML_CUDA_FA_GQA_VEC_NCOLS2=8 gqa4:GGML_CUDA_FA_GQA_VEC_NCOLS2=4; do
+  for v in old:GGML_CUDA_FA_GQA_VEC_MAX_BATCH=0 new:X=0 batch16:GGML_CUDA_FA_GQA_VEC_MAX_BATCH=16; do
     env ${v#*:} timeout 60 /root/b1/test-backend-ops perf -o FLASH_ATTN_EXT -b CUDA0 -p "$P" > $L/fa-perf-${v%%:*}.log 2>&1
   done
   python3 - $L <<'PY' | tee $O/fa-perf.txt
 import re, sys
 from pathlib import Path
 rows = {}
-for v in ("old", "gqa8", "gqa4"):
+for v in ("old", "new", "batch16"):
     for line in (Path(sys.argv[1]) / f"fa-perf-{v}.log").read_text().splitlines():
         m = re.search(r"kv=(\d+),nb=(\d+),.*type_K=(\w+),.*- +([\d.]+) us/run", line)
         if m:
             rows.setdefault((m[3], int(m[1]), int(m[2])), {})[v] = float(m[4])
-print("type kv nb: us/run old gqa8 gqa4")
+print("type kv nb: us/run old new batch16")
 for k in sorted(rows):
-    print(*k, *(rows[k].get(v) for v in ("old", "gqa8", "gqa4")))
-q8 = [r for k, r in rows.items() if k[0] == "q8_0" and k[1] >= 131072 and k[2] == 1]
-best = 4 if q8 and sum(r.get("gqa4", 1e9) for r in q8) < sum(r.get("gqa8", 1e9) for r in q8) else 8
-Path("/root/gqa.env").write_text(f"export GGML_CUDA_FA_GQA_VEC_NCOLS2={best}\n")
-print("chosen: GGML_CUDA_FA_GQA_VEC_NCOLS2", best)
+    print(*k, *(rows[k].get(v) for v in ("old", "new", "batch16")))
 PY
   ;;
 exact-q8_0|exact-q4_0)
