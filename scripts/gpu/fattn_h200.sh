@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device command (issue 24): flash-attention decode at depth with quantized K/V, the series without and with the
 # GQA patch (patches/llama.cpp/*fattn-gqa*) built side by side. Run from a copy of this checkout whose parent holds
-# llama-src.tgz, whl/ and tok/ (the lead's checkout carries them as .dev/h24, this checkout's files as .dev/h24/repo):
+# llama-src.tgz, whl/ and tok/ (scripts/gpu/fattn_prep.sh stages all of it as .dev/h24, carried with `carry`):
 #   cd .dev/h24/repo && bash scripts/gpu/fattn_h200.sh STEP...
 # Steps (build skips what a warm machine already has):
 #   build    both runtimes (/root/b0: the series without the patch; /root/b1: with it; llama-server and
