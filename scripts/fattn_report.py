@@ -61,7 +61,8 @@ def main(argv=None) -> int:
                     label=f"{ty}, {nb} token{'s' if nb > 1 else ''}" + (" (GQA variant)" if ty != "f16" else " (MMA)"))
     old_us = {n: t[("f16", 1024, 1)] + (1000.0 / v - 1000.0 / OLD_Q8_DECODE[1024]) * 1000.0 / ATTN_LAYERS
               for n, v in OLD_Q8_DECODE.items()}
-    a1.plot(list(old_us), list(old_us.values()), "x:", color="grey", label="q8_0, 1 token, old kernel (from decode times)")
+    a1.plot(list(old_us), list(old_us.values()), "x:", color="grey",
+            label="q8_0, 1 token, old kernel (from decode times)")
     a1.set(xscale="log", yscale="log", xlabel="K/V rows (context depth)", ylabel="us per FLASH_ATTN_EXT call",
            title="one attention layer, H200 (test-backend-ops perf)")
     a1.legend(fontsize=7)

@@ -87,8 +87,8 @@ def main(argv=None) -> int:
         print(f"{kv}: {rows[kv]}", flush=True)
     rec = {"what": "KL(f16 K/V || quantized K/V) of the next-token distribution, llama-perplexity --kl-divergence, "
                    f"positions {a.ctx // 2}..{a.ctx} of one {a.ctx}-token window, CPU",
-           "model": {"spec": "ksafe with heads=8, kv_heads=1, head_dim=128, mrope_section=(6, 5, 5), max_positions=65536", "vocab": "small",
-                     "outtype": "f16", "weights": "random (seed 0)"},
+           "model": {"spec": "ksafe with heads=8, kv_heads=1, head_dim=128, mrope_section=(6, 5, 5), "
+                             "max_positions=65536", "vocab": "small", "outtype": "f16", "weights": "random (seed 0)"},
            "runtime": {"bin": str(rt.bin_dir), "commit": rt.commit},
            "command": " ".join(common[1:]).replace(str(a.out), "OUT"), "kl": rows,
            "q4_0_over_q8_0_mean": rows["q4_0"]["mean"] / rows["q8_0"]["mean"] if rows["q8_0"].get("mean") else None}

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recipe_bench as rb  # noqa: E402
 
-from ggufbridge.runtime import bench as bn  # noqa: E402
+from ggufbridge.runtime import benchmark as bn  # noqa: E402
 from ggufbridge.runtime import server as sv  # noqa: E402
 from ggufbridge.runtime.session import prepare  # noqa: E402
 
@@ -120,13 +120,13 @@ def cmd_drafted(a) -> None:
     try:
         srv.start()
         srv.wait_ready(a.timeout)
-        bn.complete_stream(srv.url, cycle[:8], 8)  # warm-up
+        sv.complete_stream(srv.url, cycle[:8], 8)  # warm-up
         for n in bn.parse_lengths(a.lengths):
             n = min(n, a.ctx - a.n_predict - 8)
             ids = (bn.prompt_ids(srv.url, n - 8) if n > 8 else []) + cycle[:8]
-            before = bn.metrics(srv.url)
-            ttft, _, t = bn.complete_stream(srv.url, ids, a.n_predict)
-            after = bn.metrics(srv.url)
+            before = sv.metrics(srv.url)
+            ttft, _, t = sv.complete_stream(srv.url, ids, a.n_predict)
+            after = sv.metrics(srv.url)
             rounds = after.get("spec_decode_num_drafts_total", 0) - before.get("spec_decode_num_drafts_total", 0)
             row = {"prompt_tokens": len(ids), "prefill_tok_s": t["prompt_per_second"],
                    "decode_tok_s": t["predicted_per_second"], "ttft_s": ttft, "predicted": t["predicted_n"],
