@@ -60,7 +60,7 @@ fatest)
   # upstream's FLASH_ATTN_EXT tests on CUDA0 against the CPU, patched build, every quantized-K/V case (the GQA
   # variant: the 32k-row cases; with GGML_CUDA_FA_GQA_VEC_MAX_BATCH=16 also their batches up to 16 tokens)
   export LD_LIBRARY_PATH=/root/b1
-  for v in default:X=0 batch16:GGML_CUDA_FA_GQA_VEC_MAX_BATCH=16; do
+  for v in ${FATEST_VARIANTS:-default:X=0}; do  # e.g. FATEST_VARIANTS="default:X=0 batch16:GGML_CUDA_FA_GQA_VEC_MAX_BATCH=16"
     env ${v#*:} timeout 200 /root/b1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 -p "type_K=(q8_0|q4_0)" > $L/fa-test-${v%%:*}.log 2>&1
     echo "test-backend-ops (quantized K/V, ${v%%:*}) rc $?"; grep -E "FAIL|tests passed" $L/fa-test-${v%%:*}.log | tail -3
   done
