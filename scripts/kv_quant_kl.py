@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ggufbridge.convert import convert
 from ggufbridge.runtime.locate import locate
-from ggufbridge.synthetic.checkpoint import SPECS, make_minicpmv47
+from ggufbridge.testkit.checkpoint import SPECS, make_minicpmv47
 
 # the real model's attention grouping (16 Q heads on 2 K/V heads: GQA 8) at a CPU-affordable size: 8 Q heads on
 # one K/V head of 128 (a multiple of the q4_0/q8_0 block of 32); long enough positions for the window

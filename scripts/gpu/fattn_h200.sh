@@ -35,7 +35,7 @@ TREE=/root/src/llama_cpp_python-0.3.36/vendor/llama.cpp
 for step in "$@"; do t "$step"; case $step in
 build)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  # the Qwen3.5 tokenizer as ggufbridge.synthetic.vocab.write_tokenizer writes it (carried as tok/, gzipped)
+  # the Qwen3.5 tokenizer as ggufbridge.testkit.vocab.write_tokenizer writes it (carried as tok/, gzipped)
   [ -f /root/tok/tokenizer.json ] || { mkdir -p /root/tok && cp "$H"/tok/* /root/tok/ && gunzip -f /root/tok/tokenizer.json.gz; }
   ( gen $S/hq3m --quant hq3m --no-draft; gen $S/oracle --oracle ) > $L/gen.log 2>&1 &
   GEN=$!
