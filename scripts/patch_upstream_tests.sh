@@ -3,7 +3,20 @@
 # made (run it first) and run here: libmtmd's C API and internals (chunk serialization), the batch allocator, and
 # every architecture's tiny-model test (the KV cache and M-RoPE models: qwen2vl, qwen3vl, qwen35 among 133).
 #   scripts/patch_upstream_tests.sh        (~15 min on 2 cores: it compiles the library again with the tests)
+# With --cuda (a machine with nvcc and a GPU; --cuda-arch N, default 90): the ggml-cuda patch instead, through
+# test-backend-ops: every FLASH_ATTN_EXT case with a quantized K/V cache on CUDA0 against the CPU backend, with
+# the dispatch as shipped and with the GQA variant allowed for batches up to 16 tokens.
+#   scripts/patch_upstream_tests.sh --cuda [--cuda-arch 90]
 set -euo pipefail
+CUDA=0; ARCH=90
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cuda) CUDA=1 ;;
+    --cuda-arch) ARCH=$2; shift ;;
+    *) echo "usage: $0 [--cuda [--cuda-arch N]]" >&2; exit 2 ;;
+  esac
+  shift
+done
 C="${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}"
 # the tree of the series in patches/llama.cpp now (its hash as build_runtime.sh computes it), not any older one
 PHASH=$(cd "$(dirname "$0")/.." && .venv/bin/python -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())")
@@ -11,6 +24,22 @@ TREE="$C/src/llama.cpp-0.3.36-p$PHASH"
 [ -d "$TREE" ] || { echo "no patched tree $TREE: run scripts/build_runtime.sh first" >&2; exit 2; }
 echo "patched tree: $TREE"
 B="$C/tests-build-p$PHASH"
+if [ $CUDA = 1 ]; then
+  B="$B-cuda$ARCH"
+  cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$B.configure.log" 2>&1
+  cmake --build "$B" -j "${JOBS:-$(nproc)}" --target test-backend-ops >"$B.build.log" 2>&1
+  for max_batch in 1 16; do  # 1: as shipped; 16: the GQA variant for draft-verification batches too
+    log="$B/test-backend-ops-fa-maxbatch$max_batch.log"
+    if GGML_CUDA_FA_GQA_VEC_MAX_BATCH=$max_batch "$B/bin/test-backend-ops" -o FLASH_ATTN_EXT -b CUDA0 \
+        -p "type_K=(q8_0|q4_0)" >"$log" 2>&1; then
+      echo "ok    test-backend-ops FLASH_ATTN_EXT, quantized K/V, GGML_CUDA_FA_GQA_VEC_MAX_BATCH=$max_batch ($(grep -o '[0-9]*/[0-9]* tests passed' "$log" | head -1))"
+    else
+      echo "FAIL  test-backend-ops FLASH_ATTN_EXT (log: $log)"; exit 1
+    fi
+  done
+  exit 0
+fi
 TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-llama-archs)
 cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_MTMD=ON >"$B.configure.log" 2>&1

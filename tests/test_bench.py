@@ -68,11 +68,14 @@ def test_bench_target_vs_draft(make_ckpt, tmp_path_factory, tmp_path):
 @pytest.mark.slow
 def test_bench_target_only(make_ckpt, tmp_path_factory, tmp_path):
     model = converted(make_ckpt, tmp_path_factory, with_draft=False)
-    res = CliRunner().invoke(cli, ["bench", str(model), "--prompt-lengths", "16", "-n", "4", "-o", str(tmp_path)])
+    # --depths: the same measurement named for what it sweeps (context depth), one row per depth
+    res = CliRunner().invoke(cli, ["bench", str(model), "--depths", "16,300", "-n", "4", "-o", str(tmp_path)])
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "bench.json").read_text())
     assert list(data["commands"]) == ["target"] and "draft" not in data["rows"][0]
     assert "greedy_identical" not in data["rows"][0]
+    assert [r["prompt_tokens"] for r in data["rows"]] == [16, 300] and data["ctx"] >= 300 + 4
+    assert all(r["target"]["decode_tok_s"] > 0 and r["target"]["prefill_tok_s"] > 0 for r in data["rows"])
 
 
 @pytest.mark.slow

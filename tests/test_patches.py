@@ -55,3 +55,12 @@ def test_doctor_lists_the_patches_of_the_runtime():
     assert all(p.name in res.stdout for p in patches.series())
     assert "canvas M-RoPE and MiniCPM-V slicing: yes" in res.stdout
     assert "warning: vision" not in res.stderr
+
+
+def test_cuda_flash_attention_patch_stays_in_the_cuda_backend():
+    """The GQA flash-attention patch is one concern: the CUDA backend and upstream's op tests, nothing that a CPU
+    build (the CI's, every test here) compiles differently."""
+    (p,) = [p for p in patches.series() if "fattn-gqa" in p.name]
+    files = [line.split(" b/", 1)[1] for line in p.path.read_text().splitlines() if line.startswith("diff --git ")]
+    assert files and all(f.startswith("ggml/src/ggml-cuda/") or f == "tests/test-backend-ops.cpp" for f in files), files
+    assert "ggml/src/ggml-cuda/fattn-vec.cuh" in files

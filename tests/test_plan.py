@@ -212,7 +212,8 @@ def test_packaged_recipes_load():
     assert set(packaged_names()) >= {"spark", "rtx4090", "cpu", "spark-x2"}
     for name in packaged_names():
         r = load_recipe(name)
-        assert r.name == name and r.draft["ctx_cap"] == 8192 and r.draft["n_max"] <= 15
+        # drafting is opt-in with a capped context; the H200 drafts deeper (measured to pay up to 131k)
+        assert r.name == name and r.draft["ctx_cap"] == (131072 if name == "h200" else 8192) and r.draft["n_max"] <= 15
     assert load_recipe("spark-x2").rpc["workers"] == 1
     assert load_recipe("rtx4090").server["n_cpu_moe"] == "auto"
 

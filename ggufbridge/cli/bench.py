@@ -12,8 +12,9 @@ from ggufbridge.cli import _options as opt
 @click.command()
 @opt.model("Also run with the DSpark draft (MODEL's, or FILE) and compare; says whether drafting pays on this "
            "machine and with which n_max.")
-@click.option("--prompt-lengths", default="1k,2k,4k,8k", show_default=True,
-              help="Comma-separated prompt lengths in tokens (k = 1024).")
+@click.option("--prompt-lengths", "--depths", "prompt_lengths", default="1k,2k,4k,8k", show_default=True,
+              help="Comma-separated prompt lengths (context depths) in tokens (k = 1024), e.g. 1k,32k,128k,250k: "
+                   "decode and prefill speed at each depth, target-only and with --draft.")
 @click.option("--draft-n-max", default=None, metavar="N[,N...]",
               help="Draft lengths to compare with --draft (default: the recipe's draft.n_max), e.g. 2,4,6,8.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,

@@ -301,7 +301,7 @@ def plot(result: dict, path: Path) -> None:
             a2.plot(xs, [r[mode]["prefill_tok_s"] for r in result["rows"]], style, label=mode)
     for ax, title in ((a1, "decode tok/s"), (a2, "prefill tok/s")):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("prompt tokens")
+        ax.set_xlabel("context depth (prompt tokens)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend()

@@ -57,7 +57,7 @@ class GpuSampler:
         except OSError:
             return
         self.lock = threading.Lock()
-        self.peaks = [0] * self.n
+        self._peaks = [0] * self.n
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -68,7 +68,7 @@ class GpuSampler:
             except ValueError:
                 continue
             with self.lock:
-                self.peaks[i % self.n] = max(self.peaks[i % self.n], v)
+                self._peaks[i % self.n] = max(self._peaks[i % self.n], v)
             i += 1
 
     def per_gpu(self) -> list[int] | None:
@@ -77,7 +77,7 @@ class GpuSampler:
             return None
         time.sleep(0.3)
         with self.lock:
-            return list(self.peaks)
+            return list(self._peaks)
 
     def peaks(self) -> dict:
         """{"gpu_peak_mib": the sum of the GPUs' peaks (one GPU: its peak), "gpu_peak_mib_per_gpu": each one}."""
