@@ -11,7 +11,7 @@ upstream DSpark layout (ggufbridge.arch.dspark) in F16, the converter's default 
 Weights are noise: outputs are meaningless and drafts are rejected. Block contents repeat (a pool of random
 blocks is reused), which changes nothing for speed: every tensor still has its own memory.
 
-    python scripts/make_fullsize_gguf.py OUT_DIR --tokenizer DIR [--quant q4_k_m] [--no-draft]
+    python benchmarks/make_fullsize_gguf.py OUT_DIR --tokenizer DIR [--quant q4_k_m] [--no-draft]
 
 OUT_DIR gets target.gguf, draft.gguf and a manifest.json, so `ggufbridge bench OUT_DIR` runs on it.
 TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbridge.testkit.vocab.write_tokenizer.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Device command (issue 16): hardware recipes measured at the real 35B-A3B shapes on one H200, as their users
-# run them (scripts/gpu/recipe_bench.py starts llama-server with `ggufbridge serve --recipe R`'s argv).
-# Carry .dev/gpu (llama-src.tgz, tok) and .dev/gpu4/whl. Steps, in order (each skips what is already there, so a
-# warm machine resumes; the disk is 64 GB, so the big files go to a RAM-backed tmpfs and are deleted when done):
-#   build   the patched runtime, CUDA sm_90 (scripts/build_runtime.sh), beside the first random-weight files
+# Device job `benchmarks/device.sh recipes STEP...` (issue 16): hardware recipes measured at the real 35B-A3B shapes
+# on one H200, as their users run them (recipe_bench.py starts llama-server with `ggufbridge serve --recipe R`'s
+# argv), on the patched runtime device.sh built. Steps, in order (each skips what is already there, so a warm
+# machine resumes; the disk is 64 GB, so the big files go to a RAM-backed tmpfs and are deleted when done):
+#   build   the first random-weight files (the runtime itself is built by device.sh)
 #   compute start-up compute buffers per -ub / -c / KV type (4-layer full-width proxy; buffers do not depend on depth)
 #   r4090a/b rtx4090 recipe: the hq3m file (<= 18.0 GB) at 262,144 tokens, and Q4_K_M (+ --n-cpu-moe from the plan)
 #   draft   drafting economics on the full-shape oracle pair (acceptance as a knob), n_max 2..15
@@ -13,36 +13,26 @@
 #           the server's GPU + one loopback worker on the next GPU (spark-x2's topology), and every layer on two
 #           workers, one per GPU. On nvidia-h200-x2 each side has its own GPU; on one GPU both share it (the
 #           RPC traffic and the layer split are real, the second GPU is not): the tag says how many there were.
-#   scripts/gpu/recipes_h200.sh STEP...
+#   benchmarks/device.sh recipes STEP...
 set -uo pipefail
-export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 JOBS=${JOBS:-16}
-C=${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}; O=${OUT:-/tmp/out}; mkdir -p $O
-M=/root/m; S=/root/shm; L=/root/logs; mkdir -p $M $S $L
+O=$OUT
+M=$WORK/m; S=$WORK/shm; L=$WORK/logs; mkdir -p $M $S $L
 mountpoint -q $S || mount -t tmpfs -o size=118G tmpfs $S || echo "no tmpfs at $S"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .dev/gpu4/whl/*.whl \
-  >/dev/null 2>&1 || true
-export PYTHONPATH=/tmp/site:$PWD
 J=$O/recipes-h200.json
-RB="python3 scripts/gpu/recipe_bench.py"
+RB="python3 benchmarks/gpu/recipe_bench.py"
 gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
   local d=$1; shift
-  [ -f $d/manifest.json ] || { python3 scripts/make_fullsize_gguf.py $d --tokenizer .dev/gpu/tok "$@" 2>&1 | tail -3; }
+  [ -f $d/manifest.json ] || { python3 benchmarks/make_fullsize_gguf.py $d --tokenizer "$DEVICE_DIR/tok" "$@" 2>&1 | tail -3; }
 }
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
 t() { echo "== $(date +%T) $*"; df -h / $S | tail -2 | awk '{print "   " $6, $3 "/" $2}'; }
 for step in "$@"; do t "$step"; case $step in
-build|build-only)
-  mkdir -p "$C/src"
-  [ -f "$C/src/llama_cpp_python-0.3.36/.extracted" ] || { tar -xzf .dev/gpu/llama-src.tgz -C "$C/src" && touch "$C/src/llama_cpp_python-0.3.36/.extracted"; }
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  T0=$(date +%s)
-  ( bash scripts/build_runtime.sh --cuda --cuda-arch 90 > $L/build.log 2>&1; echo "build rc $? $(( $(date +%s) - T0 )) s" ) &
-  [ $step = build-only ] && { wait; continue; }
+build)
   gen $M/hq3m --quant hq3m --no-draft &
   gen $M/q4km --no-draft &
   gen $M/proxy4 --layers 4 --no-draft &
   gen $S/oracle --oracle &
-  wait; ls -la $M/* $S/* | grep gguf; tail -3 $L/build.log ;;
+  wait; ls -la $M/* $S/* | grep gguf ;;
 compute)
   $RB compute $M/proxy4 --recipe h200 --ub 512,2048 --ctx 8192,65536,262144 --kv f16,q8_0 \
     --json $O/compute-h200.json --logdir $L --timeout 120 ;;
@@ -65,8 +55,8 @@ spark)
   rm -rf $M/q8; gen $M/q6k --quant q6_k --no-draft; $RB measure $M/q6k --recipe spark --tag spark-q6k --lengths 1k,32k --json $J --logdir $L ;;
 rpc)
   gen $M/q8 --quant q8_0 --no-draft
-  ls $M/q8/mmproj-* >/dev/null 2>&1 || python3 scripts/make_fullsize_mmproj.py $M/q8 2>&1 | tail -1  # its device
-  G=$(nvidia-smi -L | wc -l); R=/root/rpc-recipes; mkdir -p $R
+  ls $M/q8/mmproj-* >/dev/null 2>&1 || python3 benchmarks/make_fullsize_mmproj.py $M/q8 2>&1 | tail -1  # its device
+  G=$(nvidia-smi -L | wc -l); R=$WORK/rpc-recipes; mkdir -p $R
   printf 'base = "h200"\nname = "h200-host+1"\n[rpc]\nworkers = 1\nworker_gib = 139\nworker_headroom_gib = 4\n' > $R/host1.toml
   printf 'base = "h200"\nname = "h200-2workers"\n[memory]\ngpu_gib = []\n[rpc]\nworkers = 2\nworker_gib = 139\nworker_headroom_gib = 4\n' > $R/w2.toml
   for cfg in h200:one-gpu $R/host1.toml:host+1worker $R/w2.toml:2workers; do

@@ -1,6 +1,6 @@
 """Start-up of the commands that read GGUF headers before loading a model (docs/benchmarks.md, "Start-up").
 
-    scripts/bench_startup.py OUT_DIR [--base-rev REV] [--reps 2] [--image IMG]
+    benchmarks/bench_startup.py OUT_DIR [--base-rev REV] [--reps 2] [--image IMG]
 
 OUT_DIR is a convert output (e.g. `ggufbridge demo --work-dir W` → W/gguf-f32). Each command runs under
 `/usr/bin/time -v` (wall, max RSS); with --base-rev the same commands also run on that git revision (exported to
@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # runs the CLI (or code) from GB_BASE when set: the editable install's finder is taken out of the way first
 LAUNCH = ("import os, sys\nb = os.environ.get('GB_BASE')\nif b:\n"
-          "    sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in (getattr(f, '__module__', '') or '')]\n"
+          "    sys.meta_path[:] = [f for f in sys.meta_path\n"
+          "                        if 'editable' not in (getattr(f, '__module__', '') or '')]\n"
           "    sys.path.insert(0, b)\n")
 CLI = LAUNCH + "from ggufbridge.cli import main\nsys.argv = ['ggufbridge'] + sys.argv[1:]\nmain()\n"
 

@@ -6,7 +6,7 @@ llama.cpp's converter does not know MiniCPMV4_7ForConditionalGeneration, so it g
 (text tower only: --no-mmproj). Both run in the same invocation, alternating, each as its own process; peak RSS is
 the child's ru_maxrss. The two outputs are also compared tensor by tensor (an independent check of the mapping).
 
-    .venv/bin/python scripts/bench_convert.py [--work DIR] [--repeats 2] [--markdown docs/benchmarks.md]
+    .venv/bin/python benchmarks/bench_convert.py [--work DIR] [--repeats 2] [--markdown docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def main() -> None:
                 "--outtype", "bf16", "--no-mmproj", "--no-progress"]
     runs = {"llama.cpp convert_hf_to_gguf.py": [], "ggufbridge convert": []}
     for _ in range(args.repeats):
-        for name, cmd, e in (("llama.cpp convert_hf_to_gguf.py", anchor_cmd, env), ("ggufbridge convert", ours_cmd, None)):
+        for name, cmd, e in (("llama.cpp convert_hf_to_gguf.py", anchor_cmd, env),
+                             ("ggufbridge convert", ours_cmd, None)):
             shutil.rmtree(ours_out, ignore_errors=True)
             anchor_out.unlink(missing_ok=True)
             runs[name].append(measure(cmd, e))
@@ -170,7 +171,7 @@ def main() -> None:
         f"Output check: {same} of {total} tensors byte-identical (type, shape, bytes) between the two files."
         + ("" if not diff else " Differences: " + "; ".join(diff[:8])),
         "",
-        "Command: `.venv/bin/python scripts/bench_convert.py --markdown docs/benchmarks.md`",
+        "Command: `.venv/bin/python benchmarks/bench_convert.py --markdown docs/benchmarks.md`",
         "",
     ]
     text = "\n".join(lines)

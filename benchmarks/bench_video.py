@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Video input cost: a 60 s 720p clip through `ggufbridge serve`'s OpenAI API (issue 19), in one run.
 
-    python scripts/bench_video.py OUT_DIR [--seconds 60] [--size 1280x720] [--fps 30] [--work DIR]
+    python benchmarks/bench_video.py OUT_DIR [--seconds 60] [--size 1280x720] [--fps 30] [--work DIR]
                                           [--json docs/bench-video-cpu.json]
 
 OUT_DIR is a `ggufbridge convert` folder (target + mmproj). The clip is encoded here (H.264, moving content).
@@ -14,8 +14,8 @@ OUT_DIR is a `ggufbridge convert` folder (target + mmproj). The clip is encoded 
   `--repeats`: time to the answer at the client (reading + frame layout + encoding + prefill), the server's
   prompt time (encoding + prefill), prompt tokens, and llama-server's peak RSS (VmHWM) after the warm-up and after
   the clip.
-* anchor: the same server, chats (fastest of `--repeats`) with the clip's first frame as an `image_url` PNG: the cost of one picture
-  of the same size, so `served / anchor` reads as "how many pictures the clip costs".
+* anchor: the same server, chats (fastest of `--repeats`) with the clip's first frame as an `image_url` PNG: the
+  cost of one picture of the same size, so `served / anchor` reads as "how many pictures the clip costs".
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def chat(url: str, part: dict, timeout: float = 3600.0) -> tuple[float, dict]:
 
 
 def video_part(clip: Path) -> dict:
-    return {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()}}
+    url = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    return {"type": "video_url", "video_url": {"url": url}}
 
 
 def first_frame_part(clip: Path) -> dict:
@@ -120,7 +121,8 @@ def first_frame_part(clip: Path) -> dict:
     frame = next(video.iter_frames(str(clip), [0]))
     buf = io.BytesIO()
     Image.fromarray(frame).save(buf, format="PNG")
-    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def vm_hwm(pid: int) -> int:
@@ -160,7 +162,8 @@ def main() -> None:
         make_clip(clip, a.seconds, w, h, a.fps)
     if not warm.is_file():
         make_clip(warm, 2, w, h, a.fps, seed=99)
-    print(f"clips ready ({time.perf_counter() - t0:.0f} s); {clip} {clip.stat().st_size / 2**20:.1f} MiB", file=sys.stderr)
+    print(f"clips ready ({time.perf_counter() - t0:.0f} s); {clip} {clip.stat().st_size / 2**20:.1f} MiB",
+          file=sys.stderr)
 
     r = subprocess.run([sys.executable, "-c", READER, str(clip)], capture_output=True, text=True, check=True)
     rt, rprobe, rn, rtotal, rrss = r.stdout.split()
@@ -186,9 +189,11 @@ def main() -> None:
         srv.stop(60)
     dt_v, out_v = min(runs_v, key=lambda r: r[0])
     dt_i, out_i = min(runs_i, key=lambda r: r[0])
-    served = {"seconds": dt_v, "all_seconds": [r[0] for r in runs_v], "prompt_ms": out_v["timings"]["prompt_ms"], "prompt_tokens": out_v["usage"]["prompt_tokens"],
+    served = {"seconds": dt_v, "all_seconds": [r[0] for r in runs_v], "prompt_ms": out_v["timings"]["prompt_ms"],
+              "prompt_tokens": out_v["usage"]["prompt_tokens"],
               "server_peak_rss_bytes": rss, "server_peak_rss_after_warmup_bytes": rss_warm}
-    anchor = {"seconds": dt_i, "all_seconds": [r[0] for r in runs_i], "prompt_ms": out_i["timings"]["prompt_ms"], "prompt_tokens": out_i["usage"]["prompt_tokens"]}
+    anchor = {"seconds": dt_i, "all_seconds": [r[0] for r in runs_i], "prompt_ms": out_i["timings"]["prompt_ms"],
+              "prompt_tokens": out_i["usage"]["prompt_tokens"]}
     per = held_per_frame(a.out_dir, w, h)
     held = {**per, "frames": reader["frames"],
             "expected_bytes": reader["frames"] * (per["rgb_bytes"] + per["crops_f32_bytes"]),

@@ -80,7 +80,8 @@ def main():
             row["control_deficit"] = deficit(t["top"][H + kc], c["tokens"][kc])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    deficits = {w: [r[f"{w}_deficit"] for r in rows if r[f"{w}_first_diff"] is not None] for w in ("drafted", "control")}
+    deficits = {w: [r[f"{w}_deficit"] for r in rows if r[f"{w}_first_diff"] is not None]
+                for w in ("drafted", "control")}
     known = [x for xs in deficits.values() for x in xs if x is not None]
     summary = {
         "positions": len(all_gaps),

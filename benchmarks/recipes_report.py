@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Tables and plots for docs/benchmarks.md from the H200 recipe results (scripts/gpu/recipes_h200.sh):
+"""Tables and plots for docs/benchmarks.md from the H200 recipe results (benchmarks/gpu/recipes_h200.sh):
 docs/recipes-h200.json (recipes as users run them), docs/draft-h200.json (oracle-pair drafting economics),
 docs/compute-h200.json (compute buffers). Also the bandwidth-bound decode estimate for a DGX Spark (273 GB/s),
 from the bytes each file's tensors make a decode step read (routed experts: top-8 of 256).
 
-    .venv/bin/python scripts/recipes_report.py [--docs docs]
+    .venv/bin/python benchmarks/recipes_report.py [--docs docs]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ H200_BW = 4.8e12     # H200 HBM3e, bytes/s (vendor figure)
 
 
 def _fullsize():
-    spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "scripts" / "make_fullsize_gguf.py")
+    spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "benchmarks" / "make_fullsize_gguf.py")
     mf = importlib.util.module_from_spec(spec)
     sys.modules["make_fullsize_gguf"] = mf
     spec.loader.exec_module(mf)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """A full-size-shaped, random-weight MiniCPM-V 4.7 vision tower, converted by ggufbridge into OUT_DIR's mmproj.
 
-For image-prefill measurements at the real shapes (issue 13), beside scripts/make_fullsize_gguf.py's target: a
+For image-prefill measurements at the real shapes (issue 13), beside benchmarks/make_fullsize_gguf.py's target: a
 SigLIP tower of the real width (1152, 27 layers, ff 4304, 16 heads, patch 14, 980² position grid, window merger
 after layer 6) and the downsample merger into the 2048-wide text model is written as a vision-only upstream
 checkpoint (F16 noise, ~0.9 GB), then converted by the real converter (`arch.minicpmv4_7_vision.plan_mmproj`)
 and registered in OUT_DIR/manifest.json as the mmproj.
 
-    python scripts/make_fullsize_mmproj.py OUT_DIR [--downsample 4x|16x] [--text-hidden 2048]
+    python benchmarks/make_fullsize_mmproj.py OUT_DIR [--downsample 4x|16x] [--text-hidden 2048]
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def vision_checkpoint(dst: Path, text_hidden: int, vision: dict, seed: int = 0) 
     from safetensors.numpy import save_file
 
     insert = min(6, vision["num_hidden_layers"] - 1)
-    p = V.VisionParams(hidden=vision["hidden_size"], ff=vision["intermediate_size"], n_layer=vision["num_hidden_layers"],
+    p = V.VisionParams(hidden=vision["hidden_size"], ff=vision["intermediate_size"],
+                       n_layer=vision["num_hidden_layers"],
                        n_head=vision["num_attention_heads"], patch=14, grid=70, eps=1e-6, insert_layer_id=insert,
                        slice_size=448, mean=(0.5,) * 3, std=(0.5,) * 3, downsample="16x", text_hidden=text_hidden,
                        max_slice_nums=9, use_image_id=True)

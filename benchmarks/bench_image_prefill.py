@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Image prefill: the patched llama-server against the old `run --image` path, in one run (issue 13).
 
-    python scripts/bench_image_prefill.py OUT_DIR [--size 230x170] [--baseline-rev 0196e24] [--stock-bin DIR]
+    python benchmarks/bench_image_prefill.py OUT_DIR [--size 230x170] [--baseline-rev 0196e24] [--stock-bin DIR]
                                                   [--json docs/bench-image-prefill.json]
 
 OUT_DIR is a `ggufbridge convert` folder (target + mmproj; a 4x mmproj for the issue's 2×2 4x case).
@@ -181,7 +181,8 @@ def main() -> None:
                     continue
                 res["baseline"] = baseline(a.out_dir, image, a.baseline_rev, a.stock_bin)
             b = res[key]
-            res["ratios"][key] = {"decode_calls": b["decode_calls"] / p["decode_calls"], "ttft": b["ttft_s"] / p["ttft_s"],
+            res["ratios"][key] = {"decode_calls": b["decode_calls"] / p["decode_calls"],
+                                  "ttft": b["ttft_s"] / p["ttft_s"],
                                   "prefill": b["prefill_s"] / max(p["prefill_s"], 1e-9)}
     print(json.dumps(res, indent=2))
     if a.json:

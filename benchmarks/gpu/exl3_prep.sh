@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Local side of docs/compare.md's EXL3-against-GGUF run (CPU, ~1 minute once the runtime is built): the synthetic
-# checkpoint, its GGUFs, the eval rows, the transformers reference dump (+ BF16 floor), DIR/device/ (what travels:
-# the text tower alone, the dump, the rows) and the wheels the device lacks. Then scripts/gpu/exl3_vs_gguf.sh
-# DIR/device on the device, and the merge command in docs/compare.md.
-#   bash scripts/gpu/exl3_prep.sh [DIR]            (default gpu_exl3; keep DIR and .whl in .git/info/exclude)
+# checkpoint, its GGUFs, the eval rows, the transformers reference dump (+ BF16 floor), and DIR/device/ (what
+# travels: the text tower alone, the dump, the rows). `benchmarks/device.sh pack --exl3` runs it and packs
+# DIR/device/ with the wheels the device lacks; then `benchmarks/device.sh exl3 BITS...` on the device, and the
+# merge command in docs/compare.md here.
+#   bash benchmarks/gpu/exl3_prep.sh [DIR]            (default build/exl3, ignored by git)
 set -euo pipefail
-D=${1:-gpu_exl3}; P=.venv/bin/python; G=.venv/bin/ggufbridge
+D=${1:-build/exl3}; P=.venv/bin/python; G=.venv/bin/ggufbridge
 mkdir -p "$D"
 # every matrix row a multiple of 256 (EXL3 tiles and K-quants), small vocabulary, bf16 (29 MB)
 [ -d "$D/ckpt" ] || $P -c "from ggufbridge.testkit.checkpoint import make_minicpmv47 as m; m('$D/ckpt', 'ksafe', vocab='small', dtype='bfloat16')"
@@ -35,12 +36,8 @@ for f in src.iterdir():
 text = {}
 for f in sorted(src.glob("*.safetensors")):
     with safe_open(f, "pt") as s:
-        text.update({k: s.get_tensor(k) for k in s.keys() if k.startswith("model.language_model.") or k == "lm_head.weight"})
+        text.update({k: s.get_tensor(k) for k in s.keys()
+                     if k.startswith("model.language_model.") or k == "lm_head.weight"})
 save_file(text, dst / "model.safetensors", metadata={"format": "pt"})
 PY
-# wheels exllamav3 needs that the device image lacks (llguidance >= 1.7 is built for manylinux_2_31 only)
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d .whl exllamav3==1.6.5 marisa-trie "llguidance>=1.7.0" pydantic pydantic-core \
-  annotated-types typing-inspection typing-extensions
-du -ch "$D/device" .whl | tail -1
+du -sh "$D/device"

@@ -6,7 +6,7 @@ The checkpoint is random BF16 written straight to safetensors in the upstream Mi
 tensor per expert, as upstream ships them); only the text tower, converted with --no-mmproj to BF16. Peak RSS is
 the converter process's ru_maxrss, started from a bare launcher.
 
-    .venv/bin/python scripts/bench_memory.py [--layers 4] [--work DIR] [--markdown docs/benchmarks.md]
+    .venv/bin/python benchmarks/bench_memory.py [--layers 4] [--work DIR] [--markdown docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ print(time.perf_counter() - t0, usage.ru_maxrss * 1024, os.waitstatus_to_exitcod
 
 def real_text_config(layers: int) -> dict:
     types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-    return {"model_type": "qwen3_5_moe_text", "vocab_size": VOCAB_SIZE, "hidden_size": 2048, "num_hidden_layers": layers,
+    return {"model_type": "qwen3_5_moe_text", "vocab_size": VOCAB_SIZE, "hidden_size": 2048,
+            "num_hidden_layers": layers,
             "layer_types": types, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                                 "mrope_section": [11, 11, 10]},
@@ -135,7 +136,7 @@ def main() -> None:
         "Peak memory follows the largest single tensor, not the checkpoint: the full 40-layer checkpoint (~70 GB) has "
         "the same largest tensors, so it converts within the same bound.",
         "",
-        f"Command: `.venv/bin/python scripts/bench_memory.py --layers {args.layers} --markdown docs/benchmarks.md`",
+        f"Command: `.venv/bin/python benchmarks/bench_memory.py --layers {args.layers} --markdown docs/benchmarks.md`",
         "",
     ])
     print(text)

@@ -13,7 +13,7 @@ After each kill:
 then the next conversion runs to the end, and:
   * no temporary file (`.NAME.<pid>.part`) survives it, and `ggufbridge verify` passes.
 
-    .venv/bin/python scripts/fault_injection.py --kills 50 --json fault_injection.json
+    .venv/bin/python benchmarks/fault_injection.py --kills 50 --json fault_injection.json
 """
 
 from __future__ import annotations
