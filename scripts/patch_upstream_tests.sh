@@ -20,7 +20,8 @@ done
 C="${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}"
 # the tree of the series in patches/llama.cpp now (its hash as build_runtime.sh computes it), not any older one
 PHASH=$(cd "$(dirname "$0")/.." && .venv/bin/python -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())")
-TREE="$C/src/llama.cpp-0.3.36-p$PHASH"
+. "$(dirname "$0")/../ggufbridge/runtime/llama_cpp.pin"  # the pin's one home
+TREE="$C/src/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-p$PHASH"
 [ -d "$TREE" ] || { echo "no patched tree $TREE: run scripts/build_runtime.sh first" >&2; exit 2; }
 echo "patched tree: $TREE"
 B="$C/tests-build-p$PHASH"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine (scripts/setup.sh) and runs the test suite. GPU tests (marker `gpu`) need CUDA and are
-# run on the H200 device with scripts/gpu/pytest_gpu.sh (see docs/compare.md, "Tests")
+# Sets up a fresh machine (scripts/setup.sh), lints (ruff, configured in pyproject.toml) and runs the test suite.
+# GPU tests (marker `gpu`) need CUDA and run on the H200 device: `benchmarks/device.sh pytest` (benchmarks/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q -m "not gpu" "$@"

@@ -1,4 +1,4 @@
-"""The bounded form of scripts/fault_injection.py that CI runs: a few random kills of `convert`, then every
+"""The bounded form of benchmarks/fault_injection.py that CI runs: a few random kills of `convert`, then every
 hostile-input case of issue 27 as a real process (the full runs and their reports are in docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def test_fault_injection_bounded(tmp_path):
     report = tmp_path / "fault_injection.json"
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "fault_injection.py"), "--kills", "3", "--hostile",
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fault_injection.py"), "--kills", "3", "--hostile",
                           "--work", str(tmp_path / "work"), "--json", str(report)],
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=1200)
     assert report.is_file(), res.stdout[-3000:] + res.stderr[-3000:]

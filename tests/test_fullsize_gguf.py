@@ -1,4 +1,4 @@
-"""scripts/make_fullsize_gguf.py: the random-weight full-shape GGUFs behind the H200 measurements (issue 8).
+"""benchmarks/make_fullsize_gguf.py: the random-weight full-shape GGUFs behind the H200 measurements (issue 8).
 
 References: gguf-py's dequantiser for the hand-built blocks, llama-quantize's own --dry-run for the Q4_K_M type
 choices, and the pinned runtime (bindings) for loading the files.
@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf import quants as gguf_quants
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "scripts" / "make_fullsize_gguf.py")
+_spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "benchmarks" / "make_fullsize_gguf.py")
 mf = importlib.util.module_from_spec(_spec)
 sys.modules["make_fullsize_gguf"] = mf
 _spec.loader.exec_module(mf)

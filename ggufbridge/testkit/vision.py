@@ -1,5 +1,5 @@
 """Vision inputs for the synthetic model: a checkpoint shape whose M-RoPE uses every axis, random test images, and
-transformers' MiniCPM-V 4.7 processor as the reference side of image chats (scripts/served_vision_table.py and the
+transformers' MiniCPM-V 4.7 processor as the reference side of image chats (benchmarks/served_vision_table.py and the
 vision tests)."""
 
 from __future__ import annotations

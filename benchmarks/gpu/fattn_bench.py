@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Flash-attention decode at depth with quantized K/V (issue 24): two llama.cpp builds side by side.
+
+* `exact`: the same greedy request (a prompt of DEPTH tokens, 64 generated, top-20 log-probs per step) against
+  each build: identical tokens, and the KL divergence between the two builds' next-token distributions
+  (restricted to the union of both top-20 lists, renormalised) at every step;
+* `drafted`: decode speed with the DSpark draft at growing depth on the oracle pair of make_fullsize_gguf.py
+  --oracle: filler tokens up to the depth, then the first 8 tokens of the cycle on which the draft is never wrong,
+  so every round accepts n_max tokens (accepted per round read from the server's /metrics).
+
+Target-only rows at depth are recipe_bench.py measure with a recipe file from `recipe` (a KV type over h200).
+
+    python3 benchmarks/gpu/fattn_bench.py recipe DIR --kv q8_0 [--draft-n-max 4]      (prints the recipe path)
+    python3 benchmarks/gpu/fattn_bench.py exact MODEL --bins B0,B1 --kv q8_0 --depth 32k --json F
+    python3 benchmarks/gpu/fattn_bench.py drafted ORACLE --bin B --kv q8_0 --lengths 1k,32k --tag T --json F
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recipe_bench as rb  # noqa: E402
+
+from ggufbridge.runtime import benchmark as bn  # noqa: E402
+from ggufbridge.runtime import server as sv  # noqa: E402
+from ggufbridge.runtime.session import prepare  # noqa: E402
+
+
+def recipe_file(dest: Path, kv: str, ctx: int, draft_n_max: int = 0) -> str:
+    """h200 with the target's K/V cache type set (every other flag as the h200 recipe: all on the GPU)."""
+    over = f'name = "h200-kv-{kv}"\n[server]\nctx = {ctx}\ncache_type_k = "{kv}"\ncache_type_v = "{kv}"\n'
+    if draft_n_max:
+        over += f'[draft]\nn_max = {draft_n_max}\nctx_cap = {ctx}\n'
+    dest.mkdir(parents=True, exist_ok=True)
+    return rb.user_recipe("h200", over, dest)
+
+
+def complete_probs(url: str, ids: list[int], n: int, n_probs: int) -> list[dict]:
+    """One greedy non-streamed completion: per generated token its id and {id: logprob} of the top n_probs."""
+    body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+            "ignore_eos": True, "n_probs": n_probs, "seed": 0}
+    req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        out = json.loads(r.read())
+    steps = []
+    for p in out["completion_probabilities"]:
+        top = p.get("top_logprobs") or p.get("probs") or []
+        lp = {int(t["id"]): float(t["logprob"]) if "logprob" in t else math.log(max(float(t["prob"]), 1e-30))
+              for t in top}
+        steps.append({"id": int(p["id"]), "top": lp})
+    return steps
+
+
+def kl_topk(a: dict[int, float], b: dict[int, float]) -> float:
+    """KL(a || b) over the union of two top-k lists, each renormalised there (a token missing from one list gets
+    that list's smallest log-prob, an upper bound on its true value)."""
+    keys = set(a) | set(b)
+    fa, fb = min(a.values()), min(b.values())
+    pa = {k: math.exp(a.get(k, fa)) for k in keys}
+    pb = {k: math.exp(b.get(k, fb)) for k in keys}
+    za, zb = sum(pa.values()), sum(pb.values())
+    return sum(pa[k] / za * math.log((pa[k] / za) / (pb[k] / zb)) for k in keys if pa[k] > 0)
+
+
+def cmd_exact(a) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="fattn-exact-"))
+    depth = bn.parse_lengths(a.depth)[0]
+    ctx = max(8192, depth + a.n_predict + 256)
+    runs = {}
+    for b in a.bins.split(","):
+        s = prepare(a.model, recipe_file(tmp, a.kv, ctx), ctx=ctx, llama_bin=b)
+        if s.problems:
+            sys.exit(" | ".join(s.problems))
+        srv, argv = rb.start(s, log=a.logdir / f"server-exact-{a.kv}-{Path(b).name}.log")
+        try:
+            srv.start()
+            srv.wait_ready(a.timeout)
+            ids = bn.prompt_ids(srv.url, depth)
+            runs[b] = {"command": sv.printable(argv), "steps": complete_probs(srv.url, ids, a.n_predict, 20)}
+        finally:
+            srv.stop(30)
+    (b0, r0), (b1, r1) = runs.items()
+    t0 = [s["id"] for s in r0["steps"]]
+    t1 = [s["id"] for s in r1["steps"]]
+    kls = [kl_topk(x["top"], y["top"]) for x, y in zip(r0["steps"], r1["steps"])]
+    first_diff = next((i for i, (x, y) in enumerate(zip(t0, t1)) if x != y), None)
+    rec = {"kv": a.kv, "depth": depth, "n_predict": a.n_predict, "bins": [b0, b1], "identical": t0 == t1,
+           "first_difference": first_diff, "kl_max": max(kls), "kl_mean": sum(kls) / len(kls),
+           "commands": [r0["command"], r1["command"]], "tokens": [t0, t1]}
+    rb.append(a.json, rec)
+    print(f"[exact {a.kv} {depth}] identical={rec['identical']} first_diff={first_diff} "
+          f"KL max {rec['kl_max']:.3g} mean {rec['kl_mean']:.3g}", flush=True)
+
+
+def cmd_drafted(a) -> None:
+    man = json.loads((Path(a.model) / "manifest.json").read_text())
+    o = man["synthetic"]["oracle"]
+    if not o:
+        sys.exit(f"{a.model}: not an oracle pair (make_fullsize_gguf.py --oracle)")
+    c = list(o["periods"]).index(0)  # the cycle where the draft is never wrong
+    cycle = list(range(o["first"] + c * o["length"], o["first"] + (c + 1) * o["length"]))
+    tmp = Path(tempfile.mkdtemp(prefix="fattn-drafted-"))
+    s = prepare(a.model, recipe_file(tmp, a.kv, a.ctx, a.n_max), draft=bool(a.n_max), ctx=a.ctx,
+                llama_bin=a.bin)
+    if s.problems:
+        sys.exit(" | ".join(s.problems))
+    srv, argv = rb.start(s, draft=bool(a.n_max), log=a.logdir / f"server-{a.tag}.log")
+    rec = {"tag": a.tag, "kv": a.kv, "n_max": a.n_max, "bin": a.bin, "ctx": a.ctx, "command": sv.printable(argv),
+           "env": {k: v for k, v in os.environ.items() if k.startswith("GGML_")}, "rows": []}
+    print(f"[{a.tag}] {rec['command']}", flush=True)
+    try:
+        srv.start()
+        srv.wait_ready(a.timeout)
+        sv.complete_stream(srv.url, cycle[:8], 8)  # warm-up
+        for n in bn.parse_lengths(a.lengths):
+            n = min(n, a.ctx - a.n_predict - 8)
+            ids = (bn.prompt_ids(srv.url, n - 8) if n > 8 else []) + cycle[:8]
+            before = sv.metrics(srv.url)
+            ttft, _, t = sv.complete_stream(srv.url, ids, a.n_predict)
+            after = sv.metrics(srv.url)
+            rounds = after.get("spec_decode_num_drafts_total", 0) - before.get("spec_decode_num_drafts_total", 0)
+            row = {"prompt_tokens": len(ids), "prefill_tok_s": t["prompt_per_second"],
+                   "decode_tok_s": t["predicted_per_second"], "ttft_s": ttft, "predicted": t["predicted_n"],
+                   "draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"), "rounds": rounds,
+                   "accepted_per_round": (t.get("draft_n_accepted") or 0) / rounds if rounds else None}
+            rec["rows"].append(row)
+            print(f"[{a.tag}] {json.dumps(row)}", flush=True)
+    except Exception as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+        print(f"[{a.tag}] error: {rec['error']}", flush=True)
+    finally:
+        srv.stop(30)
+    rb.append(a.json, rec)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("recipe")
+    p.add_argument("dir", type=Path)
+    p.add_argument("--kv", required=True)
+    p.add_argument("--ctx", type=int, default=262144)
+    p.add_argument("--draft-n-max", type=int, default=0)
+    for name in ("exact", "drafted"):
+        p = sub.add_parser(name)
+        p.add_argument("model")
+        p.add_argument("--kv", default="q8_0")
+        p.add_argument("--json", type=Path, required=True)
+        p.add_argument("--logdir", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
+        p.add_argument("--timeout", type=float, default=600.0)
+        p.add_argument("-n", "--n-predict", type=int, default=64)
+        if name == "exact":
+            p.add_argument("--bins", required=True, help="two llama.cpp bin folders, comma-separated")
+            p.add_argument("--depth", default="32k")
+        else:
+            p.add_argument("--bin", required=True)
+            p.add_argument("--tag", required=True)
+            p.add_argument("--lengths", default="1k")
+            p.add_argument("--ctx", type=int, default=262144)
+            p.add_argument("--n-max", type=int, default=4)
+    a = ap.parse_args(argv)
+    if a.cmd == "recipe":
+        print(recipe_file(a.dir, a.kv, a.ctx, a.draft_n_max))
+        return 0
+    a.logdir.mkdir(parents=True, exist_ok=True)
+    {"exact": cmd_exact, "drafted": cmd_drafted}[a.cmd](a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

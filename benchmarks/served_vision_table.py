@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Served image chats against transformers: the patched path and the stock layout, one table (docs/vision.md).
+
+    python benchmarks/served_vision_table.py [--work DIR] [--tokens 12] [--json docs/served-vision.json]
+
+A synthetic MiniCPM-V 4.7 (M-RoPE over t, h and w; the small vocabulary, so the server's top_logprobs is the
+whole distribution and the KL is exact) is converted (F32 target, F32 mmproj, 16x and 4x) and served twice with
+`ggufbridge serve`: as converted (the patch series: processor slicing, <image_id>, canvas M-RoPE), and with the
+mmproj keys that switch those on renamed, so that libmtmd takes its stock minicpmv4_6 path (letterboxed slices,
+1-D positions) - what a stock llama.cpp does. Each chat is scored by transformers' processor + model,
+teacher-forced on the server's own tokens; KL(transformers ‖ server) per generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+CASES = {"unsliced 112×112": ([(112, 112)], "16x"), "1×2 250×130": ([(250, 130)], "16x"),
+         "2×1 130×250": ([(130, 250)], "16x"), "2×2 4x 230×170": ([(230, 170)], "4x"),
+         "two images": ([(112, 112), (250, 130)], "16x")}
+
+
+def serve(out_dir: Path, log: Path):
+    """`ggufbridge serve OUT_DIR` (the user's command) on a free port, healthy."""
+    from ggufbridge.runtime import server as sv
+
+    port = sv.free_port()
+    argv = [sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port), "--ctx", "4096",
+            "--log", str(log)]
+    srv = sv.Server(argv, "127.0.0.1", port, log.with_name(log.name + ".console")).start()
+    srv.wait_ready(300)
+    return srv
+
+
+def main() -> None:
+    from ggufbridge.testkit.vision import SPEC_THW, hf_processor, random_image
+    from ggufbridge.testkit import served_chat as sc
+    from ggufbridge.convert import convert
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    work = a.work or Path(tempfile.mkdtemp(prefix="served-vision-"))
+    ck = work / "ck"
+    if not (ck / "config.json").is_file():
+        make_minicpmv47(ck, SPEC_THW, vocab="small")
+    outs = {}
+    for d in ("16x", "4x"):
+        o = work / f"out-{d}"
+        if not (o / "manifest.json").is_file():
+            convert(ck, o, outtype="f32", mmproj_outtype="f32", downsample=d, progress=False)
+        outs[("patched", d)] = o
+        s = work / f"stock-{d}"
+        if not s.exists():
+            sc.stock_layout_copy(o, s)
+        outs[("stock", d)] = s
+    ref = load_reference(ck)
+    ban = {str(i): False for i in sc.partial_utf8_ids(hf_processor(ck).tokenizer)}
+    rows = []
+    for (kind, d), out_dir in outs.items():
+        srv = serve(out_dir, work / f"{kind}-{d}.log")
+        url = srv.url
+        try:
+            for name, (sizes, mode) in CASES.items():
+                if mode != d:
+                    continue
+                imgs = [random_image(w, h, seed=k + len(name)) for k, (w, h) in enumerate(sizes)]
+                msgs = [sc.user_turn(imgs, "What is in the picture?")]
+                turn = sc.chat(url, msgs, max_tokens=a.tokens, top_logprobs=512, logit_bias=ban)
+                ds = None if d == "16x" else d
+                inputs = sc.hf_prompt(hf_processor(ck, ds), msgs, ds)
+                lp = sc.hf_scores(ref, inputs, turn.ids, ds)
+                kl = sc.kl_to_served(lp, turn.top)
+                top1 = float(np.mean([int(lp[i].argmax()) == max(turn.top[i], key=turn.top[i].get)
+                                      for i in range(len(turn.ids))]))
+                rows.append({"case": name, "path": kind, "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+                             "top1": top1, "tokens": len(turn.ids), "prompt_tokens": turn.usage.get("prompt_tokens"),
+                             "hf_prompt_tokens": int(inputs["input_ids"].shape[1])})
+        finally:
+            srv.stop(60)
+    print("| image | patched KL mean | patched KL max | patched top-1 | stock KL mean | stock top-1 |")
+    print("|---|---|---|---|---|---|")
+    for name in CASES:
+        p = next(r for r in rows if r["case"] == name and r["path"] == "patched")
+        s = next(r for r in rows if r["case"] == name and r["path"] == "stock")
+        print(f"| {name} | {p['kl_mean']:.2g} | {p['kl_max']:.2g} | {p['top1']:.0%} | **{s['kl_mean']:.2g}** | "
+              f"{s['top1']:.0%} |")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
