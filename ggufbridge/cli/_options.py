@@ -58,6 +58,10 @@ recipe = _option("--recipe", "recipe_name", default="cpu", show_default=True, me
 draft = _option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
 ctx = _option("--ctx", type=click.IntRange(256, INT32_MAX), default=None, show_default=True,
               help="Context size (default: the plan's).")
+parallel = _option("--parallel", type=click.IntRange(1, 256), default=None,
+                   help="Slots: requests served at once, each with the plan's context and its own recurrent state "
+                        "(default: the recipe's server.parallel). Refused, naming what fits, when memory does not "
+                        "allow it.")
 threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None, help="CPU threads for llama-server.")
 llama_bin = _option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
                     help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")
@@ -112,7 +116,11 @@ quant_type = _option("--quant", default=None, metavar="TYPE",
                           "own mix.")
 imatrix = _option("--imatrix", type=click.Path(dir_okay=False), default=None,
                   help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
-quant_threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None,
+quant_parallel = _option("--parallel", type=click.IntRange(1, 256), default=None,
+                   help="Slots: requests served at once, each with the plan's context and its own recurrent state "
+                        "(default: the recipe's server.parallel). Refused, naming what fits, when memory does not "
+                        "allow it.")
+threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None,
                         help="CPU threads (default: up to 8).")
 
 MIX_DEPRECATED = ("warning: --recipe for a quantisation mix is deprecated, use --mix (--recipe names a hardware "

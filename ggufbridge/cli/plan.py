@@ -14,12 +14,13 @@ from ggufbridge.runtime.session import prepare
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @opt.recipe()
 @opt.draft("Include the DSpark draft (weights, KV, recurrent snapshots).")
-@opt.ctx(help="Fixed context size instead of searching.")
+@opt.ctx(help="Fixed context size (per slot) instead of searching.")
+@opt.parallel()
 @opt.as_json("Print the plan as JSON.")
-def command(out_dir, recipe_name, draft, ctx, as_json):
-    """Weights per device, KV cache, gated-delta-net state, draft, mmproj and compute margin; the chosen
-    -c / -ngl / --n-cpu-moe. Exit 2 with an explanation when nothing fits."""
-    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, need_runtime=False)
+def command(out_dir, recipe_name, draft, ctx, parallel, as_json):
+    """Weights per device, slots, KV cache, gated-delta-net state, draft, mmproj and compute margin; the chosen
+    -c / -np / -ngl / --n-cpu-moe. Exit 2 with an explanation when nothing fits."""
+    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, need_runtime=False, parallel=parallel)
     if as_json:
         click.echo(json.dumps(s.plan.to_dict(), indent=2))
     else:

@@ -45,7 +45,7 @@ def assistant_text(transcript: str) -> str:
 def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, videos, llama_bin, show_command,
             think, reasoning_budget):
     """Answer PROMPT once with the chat template of the converted model and print the text."""
-    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0, parallel=1)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
     if images or videos:

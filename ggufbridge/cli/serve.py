@@ -23,7 +23,8 @@ from ggufbridge.runtime.session import prepare
            "context is capped at the recipe's draft.ctx_cap unless --ctx).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
-@opt.ctx()
+@opt.ctx(help="Context size per slot (default: the plan's).")
+@opt.parallel()
 @click.option("--api-key", default=None, envvar="GGUFBRIDGE_API_KEY", help="Require this bearer key.")
 @click.option("--rpc", default=None, metavar="HOST:PORT[,...]|local",
               help="RPC worker endpoints (spark-x2), or `local`: start the recipe's workers on this machine on "
@@ -38,7 +39,7 @@ from ggufbridge.runtime.session import prepare
               help="llama-server log file (default: OUT_DIR/llama-server.log).")
 @opt.timeout()
 @opt.think
-def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, media_path, dry_run,
+def command(out_dir, recipe_name, draft, host, port, ctx, parallel, api_key, rpc, threads, llama_bin, media_path, dry_run,
             log_path, timeout, think, reasoning_budget):
     """Serve OUT_DIR (written by `ggufbridge convert`) with llama-server, OpenAI-compatible under /v1."""
     recipe = load_recipe(recipe_name)
@@ -52,7 +53,8 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         endpoints = [f"WORKER{i}:{recipe.rpc['default_port']}" for i in range(workers)]
     else:
         endpoints = sv.parse_rpc(rpc, workers)
-    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
+    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers,
+                parallel=parallel)
     extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
     if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
         from ggufbridge.vision import ffshim

@@ -28,8 +28,10 @@ class Session:
 
 
 def prepare(out_dir: str | Path, recipe_name: str, *, draft: bool = False, ctx: int | None = None,
-            llama_bin: str | None = None, rpc_workers: int | None = None, need_runtime: bool = True) -> Session:
-    """Load and plan; with need_runtime, also locate and check the runtime (problems are listed, not raised)."""
+            llama_bin: str | None = None, rpc_workers: int | None = None, need_runtime: bool = True,
+            parallel: int | None = None) -> Session:
+    """Load and plan (`parallel` slots, default the recipe's server.parallel); with need_runtime, also locate and
+    check the runtime (problems are listed, not raised)."""
     recipe = load_recipe(recipe_name)
     art = load_artifacts(out_dir)
     target = pl.target_from_gguf(art.target.path)
@@ -41,7 +43,8 @@ def prepare(out_dir: str | Path, recipe_name: str, *, draft: bool = False, ctx: 
                                 f"DSpark draft into this folder first")
         dshape = pl.draft_from_gguf(art.draft.path)
     mmproj = pl.gguf_tensor_bytes(art.mmproj.path) if art.mmproj else 0
-    plan = pl.make_plan(target, recipe, ctx=ctx, draft=dshape, mmproj_bytes=mmproj, rpc_workers=rpc_workers)
+    plan = pl.make_plan(target, recipe, ctx=ctx, draft=dshape, mmproj_bytes=mmproj, rpc_workers=rpc_workers,
+                        slots=parallel)
     s = Session(recipe, art, target, dshape, plan, None)
     if not need_runtime:
         return s
