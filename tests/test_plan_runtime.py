@@ -25,8 +25,15 @@ RS_RE = re.compile(r"llama_memory_recurrent: size =.*?(\d+) seqs\s+(\d+) rs_seq\
 MODEL_BUF_RE = re.compile(r"CPU_Mapped model buffer size =\s*([\d.]+) MiB")
 
 
+SLOT_RE = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(\w+)'")
+
+
 @pytest.mark.slow
-def test_planner_matches_runtime_allocations(tmp_path):
+@pytest.mark.parametrize("slots", [1, 2, 4])
+def test_planner_matches_runtime_allocations(tmp_path, slots):
+    """Started with the plan's own slot arguments (runtime/plan.py: one unified pool of slots x context cells, each
+    slot capped at its context), llama-server allocates exactly the planned KV cache (target and draft), recurrent
+    state (slots x (1 + n_max) snapshots) and weights, and gives every slot the planned context."""
     rt = loc.locate()
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
     write_qwen35moe(target, n_embd=64, layer_types="LLLF", n_head=4, n_head_kv=2, head_dim=256, n_rot=64,
@@ -34,26 +41,31 @@ def test_planner_matches_runtime_allocations(tmp_path):
     write_dspark(draft, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=32, block_size=4,
                  target_layers=(1, 2), tokenizer_from=target)
     recipe_file = tmp_path / "r.toml"
-    recipe_file.write_text('base = "cpu"\nname = "probe"\n[server]\nctx = 8000\nparallel = 2\n'
+    recipe_file.write_text(f'base = "cpu"\nname = "probe"\n[server]\nctx = 8000\nparallel = {slots}\n'
                            '[draft]\nn_max = 3\nctx_cap = 8000\n')
     recipe = load_recipe(str(recipe_file))
     tshape, dshape = pl.target_from_gguf(target), pl.draft_from_gguf(draft)
     plan = pl.make_plan(tshape, recipe, ctx=8000, draft=dshape)
     f = plan.figures
+    assert plan.slots == slots
 
     port = sv.free_port()
     argv = [str(rt.tool("llama-server")), "-m", str(target), "-md", str(draft), "--spec-type", "draft-dspark",
-            "--spec-draft-n-max", "3", "-c", "8000", "-np", "2", "--fit", "off", "-v",
+            "--spec-draft-n-max", "3", *plan.context_args(), "--fit", "off", "-v",
             "--host", "127.0.0.1", "--port", str(port)]
     log = tmp_path / "server.log"
     with sv.Server(argv, "127.0.0.1", port, log, env=rt.env()) as srv:
         srv.wait_ready(120)
     text = log.read_text(errors="replace")
 
+    n_slots, n_ctx_slot, unified = SLOT_RE.findall(text)[0]
+    # every slot the context one slot alone gets (-c 8000 padded to 256), not a share of it
+    assert (int(n_slots), int(n_ctx_slot)) == (slots, 8192)
+    assert unified == ("true" if slots > 1 else "false")
     rs = RS_RE.findall(text)
     assert rs, "no recurrent-state line in the server log"
     seqs, rs_seq, r_mib, s_mib = rs[0]
-    assert (int(seqs), int(rs_seq)) == (2, 3)  # 2 slots, 3 rollback snapshots (= --spec-draft-n-max)
+    assert (int(seqs), int(rs_seq)) == (slots, 3)  # one state per slot, 3 rollback snapshots (= --spec-draft-n-max)
     snapshots = int(seqs) * (1 + int(rs_seq))
     assert f["slots"] * f["state_snapshots"] == snapshots
     n_rec = len(tshape.recurrent_layers)
@@ -64,11 +76,12 @@ def test_planner_matches_runtime_allocations(tmp_path):
     assert abs(float(r_mib) - r_bytes / 2 / MIB) > 0.5  # the 2-byte reading of the issue's formula is refuted
     assert abs(float(s_mib) - s_bytes / MIB) < 0.006
     assert f["state_total"] == r_bytes + s_bytes
+    assert f["state_total"] == slots * 4 * tshape.state_bytes_per_slot()  # per slot: 1 + n_max snapshots
 
     kv = SIZE_RE.findall(text)
     # first the target's cache, then the draft's (the draft context has n_rs_seq = 0, logged just before)
     tgt_mib, draft_mib = float(kv[0][0]), float(kv[-1][0])
-    assert f["kv_cells"] == 8192  # -c 8000 padded to 256 (llama-context.cpp:290)
+    assert f["kv_cells"] == slots * 8192 == int(kv[0][1])  # -c 8000 per slot, padded to 256 (llama-context.cpp:290)
     assert abs(tgt_mib - f["kv_total"] / MIB) < 0.006
     assert abs(draft_mib - f["draft_kv_total"] / MIB) < 0.006
     assert f["kv_per_token"] == 1 * 2 * 2 * 256 * 2

@@ -49,13 +49,13 @@ def test_each_slot_gets_its_context_state_snapshots_and_checkpoints(real):
 
 
 def test_server_arguments_give_every_slot_its_context(real):
-    """One slot: -c as before. Several: a unified pool of slots x context cells (each slot's context padded to
-    256, as the runtime pads -c) and every slot capped at its context, so no slot can use another's share."""
+    """One slot: -c as before (the runtime pads it to 256). Several: a unified pool of slots x padded context cells
+    and every slot capped at the padded context (what one slot alone gets), so no slot can use another's share."""
     recipe = load_recipe("cpu")
     plan = pl.make_plan(with_weights(real, 8), recipe, ctx=5000, slots=1)
     assert plan.context_args() == ["-c", "5000", "-np", "1"]
     plan = pl.make_plan(with_weights(real, 8), recipe, ctx=5000, slots=3)
-    assert plan.context_args() == ["-c", str(3 * 5120), "-np", "3", "--kv-unified", "--kv-unified-per-slot", "5000"]
+    assert plan.context_args() == ["-c", str(3 * 5120), "-np", "3", "--kv-unified", "--kv-unified-per-slot", "5120"]
     text = plan.format()
     assert "slots: 3 x 5,000 tokens of context (one unified KV pool of 15,360 cells)" in text
     assert "-np 3 --kv-unified" in text.splitlines()[0]

@@ -15,8 +15,13 @@ from ggufbridge.runtime.session import prepare
 
 @click.command()
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--prompt-lengths", default="1k,2k,4k,8k", show_default=True,
-              help="Comma-separated prompt lengths in tokens (k = 1024).")
+@click.option("--prompt-lengths", default=None,
+              help="Comma-separated prompt lengths in tokens (k = 1024) [default: 1k,2k,4k,8k; with --concurrency "
+                   "one length, 1k].")
+@click.option("--concurrency", default=None, metavar="N[,N...]",
+              help="Many clients at once instead: for each N, N concurrent streamed chat requests through the OpenAI "
+                   "API of one server with max(N) slots; aggregate and per-stream decode tok/s, time to first "
+                   "token p50/p95 (with --draft: drafted too), plotted against N. E.g. 1,2,4,8,16.")
 @opt.draft("Also run with the DSpark draft and compare; says whether drafting pays on this machine and with "
            "which n_max.")
 @click.option("--draft-n-max", default=None, metavar="N[,N...]",
@@ -32,16 +37,20 @@ from ggufbridge.runtime.session import prepare
               help="Where to write bench.json / bench.md / bench.png (default: OUT_DIR/bench).")
 @opt.llama_bin()
 @opt.timeout("Seconds to wait for each server's /health.")
-def command(out_dir, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats, threads, out,
-            llama_bin, timeout):
+def command(out_dir, prompt_lengths, concurrency, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats,
+            threads, out, llama_bin, timeout):
     """Measure prefill and decode tokens/s, time to first token, draft acceptance and whether greedy outputs
     match, for each prompt length (or each of your --prompts); write JSON, a Markdown table and a PNG plot."""
     import dataclasses
 
     from ggufbridge.runtime.recipes import MAX_DRAFT_N
 
+    if concurrency is not None:
+        _concurrency(out_dir, concurrency, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
+                     repeats, threads, out, llama_bin, timeout)
+        return
     prompts = bn.load_prompts(prompts_file) if prompts_file else None
-    lengths = bn.parse_lengths(prompt_lengths)
+    lengths = bn.parse_lengths(prompt_lengths or "1k,2k,4k,8k")
     sweep = bn.parse_n_max(draft_n_max, MAX_DRAFT_N) if draft_n_max else []
     if sweep and not draft:
         raise click.UsageError("--draft-n-max needs --draft")
@@ -49,7 +58,8 @@ def command(out_dir, prompt_lengths, draft, draft_n_max, prompts_file, recipe_na
     # of the user's prompts, except for rare byte tokens)
     longest = max(len(p.encode()) for p in prompts) if prompts else lengths[-1]
     ctx = -(-(longest + n_predict + 16) // 256) * 256
-    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    # one request at a time: one slot
+    s = prepare(out_dir, recipe_name, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0, parallel=1)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
     dest = Path(out) if out else Path(out_dir) / "bench"
@@ -84,5 +94,31 @@ def command(out_dir, prompt_lengths, draft, draft_n_max, prompts_file, recipe_na
         result["prompts"] = prompts
     paths = bn.write_outputs(result, dest)
     click.echo(bn.markdown(result))
+    for kind, p in paths.items():
+        click.echo(f"{kind}: {p}")
+
+
+def _concurrency(out_dir, levels_text, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
+                 repeats, threads, out, llama_bin, timeout):
+    """bench --concurrency: one server per mode with max(levels) slots (runtime/concurrency.py)."""
+    from ggufbridge.runtime import concurrency as cc
+
+    for flag, given in (("--prompts", prompts_file), ("--draft-n-max", draft_n_max), ("--repeats", repeats != 1)):
+        if given:
+            raise click.UsageError(f"{flag} does not go with --concurrency")
+    levels = cc.parse_levels(levels_text)
+    lengths = bn.parse_lengths(prompt_lengths or "1k")
+    if len(lengths) != 1:
+        raise click.UsageError(f"--concurrency takes one --prompt-lengths value, found {prompt_lengths!r}")
+    s = prepare(out_dir, recipe_name, draft=draft, ctx=cc.slot_context(lengths[0], n_predict), llama_bin=llama_bin,
+                rpc_workers=0, parallel=max(levels))
+    if s.problems:
+        raise RuntimeNotFound(" | ".join(s.problems))
+    dest = Path(out) if out else Path(out_dir) / "bench"
+    steps = len(levels) * (2 if draft else 1)
+    with click.progressbar(length=steps, label="concurrency levels", file=click.get_text_stream("stderr")) as bar:
+        result, paths = cc.measure(s, levels, lengths[0], n_predict, draft=draft, dest=dest, threads=threads,
+                                   timeout=timeout, on_level=lambda mode, level: bar.update(1))
+    click.echo(cc.markdown(result))
     for kind, p in paths.items():
         click.echo(f"{kind}: {p}")

@@ -320,12 +320,13 @@ class Plan:
         return self.slots * _pad(self.ctx)
 
     def context_args(self) -> list[str]:
-        """llama-server's -c / -np for this plan. One slot: -c ctx. Several: one unified pool of slots x ctx cells,
-        each slot capped at ctx (why unified: the module docstring)."""
+        """llama-server's -c / -np for this plan. One slot: -c ctx (the runtime pads it to 256). Several: one unified
+        pool of slots x padded ctx cells, each slot capped at the padded ctx, as much as one slot alone would get
+        (why unified: the module docstring)."""
         if self.slots == 1:
             return ["-c", str(self.ctx), "-np", "1"]
         return ["-c", str(self.kv_cells), "-np", str(self.slots), "--kv-unified",
-                "--kv-unified-per-slot", str(self.ctx)]
+                "--kv-unified-per-slot", str(_pad(self.ctx))]
 
     def format(self) -> str:
         f = self.figures

@@ -1,0 +1,128 @@
+"""Drafting with several streams (issue 28): four concurrent requests on one llama-server with four slots and a
+DSpark draft, each greedy output equal to target-only output for its own prompt.
+
+The server runs with the planner's own slot arguments (a unified KV pool, each slot capped at its context,
+runtime/plan.py), so this is the configuration `serve --parallel 4 --draft` launches. Two pairs:
+
+* random target + random draft: the target's output depends on its recurrent state, and random drafts are
+  rejected most of the time, so every stream rolls its gated-delta-net state back round after round while the
+  other streams decode beside it. A rollback that restored another sequence's snapshot, or a verification batch
+  that mixed sequences, changes that stream's tokens. Reference: the same prompts one at a time without a draft,
+  and the four together without a draft.
+* oracle pair (t -> succ(t) by construction, the draft's Markov head knows it): per stream the output is succ
+  iterated (an independent reference) and most drafted tokens are accepted, so every stream really drafts.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from _draft_helpers import greedy, llama_server
+from ggufbridge.convert import convert
+from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime.recipes import load_recipe
+from ggufbridge.synthetic import dspark as fx
+
+pytestmark = pytest.mark.slow
+
+N_STREAMS = 4
+N_PREDICT = 32
+N_MAX = ("--spec-draft-n-max", "4")
+RANDOM_PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "def fib(n):\n", [1, 2, 3, 4, 5]]
+ORACLE_PROMPTS = [[150], [163], [1, 2, 3, 4, 5], [120, 121]]
+SLOT_RE = re.compile(r"slot +\w+: id +(\d+) \| task \d+ \|")
+
+
+def _slot_args(target_gguf) -> tuple[str, ...]:
+    """-c / -np as `serve --parallel 4` passes them (the plan's), 512 tokens per slot."""
+    plan = pl.make_plan(pl.target_from_gguf(target_gguf), load_recipe("cpu"), ctx=512, slots=N_STREAMS)
+    return tuple(plan.context_args())
+
+
+def _concurrently(url: str, prompts: list) -> list[tuple[list[int], dict, float, float]]:
+    """All prompts released together, one client thread each: (tokens, timings, start, end) per prompt."""
+    gate = threading.Barrier(len(prompts))
+    out: list = [None] * len(prompts)
+
+    def client(i):
+        gate.wait()
+        t0 = time.monotonic()
+        tokens, timings = greedy(url, prompts[i], N_PREDICT)
+        out[i] = (tokens, timings, t0, time.monotonic())
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(o is not None for o in out), "a client failed (see the server log)"
+    return out
+
+
+def _serve(target, draft, tmp_path, tag, prompts, *, concurrent: bool):
+    log = tmp_path / f"server-{tag}.log"
+    extra = (N_MAX + _slot_args(target)) if concurrent else N_MAX
+    with llama_server(target, draft, extra=extra, log_path=log) as url:
+        if concurrent:
+            res = _concurrently(url, prompts)
+        else:
+            res = [(*greedy(url, p, N_PREDICT), 0.0, 0.0) for p in prompts]
+    return res, log.read_text(errors="replace")
+
+
+def _check_concurrent(res, log_text):
+    """The requests really overlapped in time and were served by as many different slots."""
+    latest_start = max(r[2] for r in res)
+    earliest_end = min(r[3] for r in res)
+    assert latest_start < earliest_end, "the requests did not overlap"
+    assert {int(m) for m in SLOT_RE.findall(log_text)} == set(range(N_STREAMS))
+    assert "kv_unified            = true" in log_text
+
+
+@pytest.fixture(scope="module")
+def random_pair(make_ckpt, tmp_path_factory):
+    target = make_ckpt("tiny", vocab="small")
+    root = tmp_path_factory.mktemp("concurrent-random")
+    d = fx.make_dspark(root / "draft", target, "tiny", seed=11)
+    res = convert(target, root / "out", outtype="f32", draft=d, draft_outtype="f32", mmproj=False, progress=False)
+    return res.path("target"), res.path("draft")
+
+
+def test_four_drafted_streams_equal_target_only_per_stream(random_pair, tmp_path):
+    target, draft = random_pair
+    alone, _ = _serve(target, None, tmp_path, "alone", RANDOM_PROMPTS, concurrent=False)
+    plain, plain_log = _serve(target, None, tmp_path, "plain4", RANDOM_PROMPTS, concurrent=True)
+    spec, spec_log = _serve(target, draft, tmp_path, "spec4", RANDOM_PROMPTS, concurrent=True)
+    _check_concurrent(plain, plain_log)
+    _check_concurrent(spec, spec_log)
+    assert "adding speculative implementation 'draft-dspark'" in spec_log
+    rejected = 0
+    for prompt, (want, *_), (four, *_), (got, timings, *_) in zip(RANDOM_PROMPTS, alone, plain, spec):
+        assert len(want) == N_PREDICT
+        assert four == want, prompt  # four target-only streams at once: each as if alone
+        assert got == want, prompt   # four drafted streams at once: each as if alone
+        assert timings.get("draft_n", 0) > 0, timings  # this stream really drafted
+        rejected += timings["draft_n"] - timings["draft_n_accepted"]
+    assert rejected > 0  # rollbacks happened while other streams decoded
+
+
+@pytest.fixture(scope="module")
+def oracle_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("concurrent-oracle")
+    pair = fx.make_oracle_pair(root)
+    res = convert(pair.target_dir, root / "out", outtype="f32", draft=pair.draft_dir, draft_outtype="f16",
+                  mmproj=False, progress=False)
+    return pair, res.path("target"), res.path("draft")
+
+
+def test_four_oracle_streams_draft_and_follow_the_oracle(oracle_pair, tmp_path):
+    pair, target, draft = oracle_pair
+    spec, log = _serve(target, draft, tmp_path, "oracle4", ORACLE_PROMPTS, concurrent=True)
+    _check_concurrent(spec, log)
+    for prompt, (got, timings, *_) in zip(ORACLE_PROMPTS, spec):
+        assert got == pair.continuation(prompt[-1], N_PREDICT), prompt
+        assert timings["draft_n"] > 0 and timings["draft_n_accepted"] / timings["draft_n"] > 0.5, (prompt, timings)
