@@ -41,11 +41,14 @@ def test_each_slot_gets_its_context_state_snapshots_and_checkpoints(real):
     assert gpu(four).use["kv"] - gpu(one).use["kv"] == 3 * 8192 * 20_480
     assert gpu(four).use["state"] - gpu(one).use["state"] == 3 * snapshots * state
     assert host(four).use["state"] - host(one).use["state"] == 3 * 32 * state
-    assert gpu(four).use["draft"] - gpu(one).use["draft"] == 3 * 8192 * 10_240
-    assert gpu(four).use["weights"] == gpu(one).use["weights"]  # weights are shared by every slot
-    # the F16 attention mask spans the whole pool (n_kv can reach every cell)
     ub = recipe.server["ubatch"]
-    assert gpu(four).use["compute"] - gpu(one).use["compute"] == 2 * ub * 3 * 8192
+    # the draft's KV and its own attention mask (its compute buffer) span the pool
+    assert gpu(four).use["draft"] - gpu(one).use["draft"] == 3 * 8192 * (10_240 + 2 * ub)
+    assert gpu(four).use["weights"] == gpu(one).use["weights"]  # weights are shared by every slot
+    # the F16 attention mask spans the whole pool (n_kv can reach every cell), and the reserved graph gathers one
+    # recurrent layer's state for every slot and snapshot, in and out
+    layer_state = state // 30
+    assert gpu(four).use["compute"] - gpu(one).use["compute"] == 2 * ub * 3 * 8192 + 2 * 4 * snapshots * layer_state
 
 
 def test_server_arguments_give_every_slot_its_context(real):

@@ -54,7 +54,14 @@ def test_dry_run(model_dir, name, draft):
     assert f"memory plan (recipe {name}): -c {_flag(argv, '-c')}" in out
     trained = 4096  # the fixture's max_position_embeddings -> context_length
     expected_ctx = min(srv["ctx"], trained, recipe.draft["ctx_cap"] if draft else srv["ctx"])
-    assert int(_flag(argv, "-c")) == expected_ctx
+    slots = srv["parallel"]
+    if slots == 1:
+        assert int(_flag(argv, "-c")) == expected_ctx and "--kv-unified" not in argv
+    else:  # one unified pool of every slot's context, each slot capped at its own (runtime/plan.py)
+        per_slot = -(-expected_ctx // 256) * 256
+        assert int(_flag(argv, "-c")) == slots * per_slot and "--kv-unified" in argv
+        assert int(_flag(argv, "--kv-unified-per-slot")) == per_slot
+    assert f"slots: {slots} x {expected_ctx:,} tokens of context" in out
     assert (_flag(argv, "-ctk"), _flag(argv, "-ctv"), _flag(argv, "-fa")) == \
         (srv["cache_type_k"], srv["cache_type_v"], srv["flash_attn"])
     assert (_flag(argv, "-np"), _flag(argv, "--host"), _flag(argv, "--port")) == (str(srv["parallel"]), "127.0.0.1", "8099")

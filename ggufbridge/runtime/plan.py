@@ -27,6 +27,10 @@ Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
   routed-expert tensor left in host memory by --n-cpu-moe (copied to the GPU for each batch); on the host of a GPU
   run, `ubatch · (2 · cells + 8 · n_embd)` (the mask and inputs staged in pinned memory); plus `context_mib` per GPU
   (CUDA context and library workspaces: the memory llama-server lists as "unaccounted"; an RPC worker has one too).
+  Several slots add `2 · slots · (1 + n_rs_seq)` copies of one recurrent layer's state (the reserved graph gathers
+  every slot's state and snapshots; measured on CPU at the real recurrent shapes, tests/test_plan_runtime.py: the
+  runtime's growth from one slot stays under it), and the draft's compute buffer is its own mask,
+  `2 · ubatch · cells`.
 * -ngl N offloads the last N blocks, the output head too when N > n_layer; token_embd stays on the host;
   --n-cpu-moe N keeps the routed experts of blocks 0..N-1 in host memory; RPC devices come first in the device
   list (src/llama.cpp:275) and layers are split over devices in order, proportionally to --tensor-split.
@@ -475,7 +479,9 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     if draft is not None:
         dpool = devices[-1] if devices and drf["n_gpu_layers"] != 0 else host
         dkv = draft.kv_bytes_per_token(drf["cache_type_k"], drf["cache_type_v"])
-        dpool.use["draft"] += draft.weight_bytes + dkv * cells  # the draft context has the target's n_ctx
+        # the draft context has the target's n_ctx: its KV and its attention mask (2 bytes per -ub token and cell,
+        # the whole of its compute buffer beside a constant) span the pool
+        dpool.use["draft"] += draft.weight_bytes + dkv * cells + 2 * srv["ubatch"] * cells
         figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells)
         if draft.block_size is not None and drf["n_max"] > draft.block_size:
             notes.append(f"draft.n_max {drf['n_max']} exceeds the draft's block_size {draft.block_size}; "
@@ -483,16 +489,18 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     if mmproj_bytes:
         local_gpus = [d for d in devices if not d.name.startswith("rpc")]
         (local_gpus[0] if local_gpus and srv["mmproj_offload"] else host).use["mmproj"] += mmproj_bytes
-    _add_compute(recipe, target, devices, host, dev + [out_pool], cells, n_cpu_moe)
+    _add_compute(recipe, target, devices, host, dev + [out_pool], cells, n_cpu_moe,
+                 slot_states=slots * snapshots if slots > 1 else 0)
     return Plan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
                 tensor_split=split, pools=pools, figures=figures, notes=notes,
                 layers=[d.name for d in dev] + [out_pool.name], slots=slots)
 
 
 def _add_compute(recipe: Recipe, target: TargetShape, devices: list[Pool], host: Pool, dev: list[Pool], cells: int,
-                 n_cpu_moe: int) -> None:
+                 n_cpu_moe: int, slot_states: int = 0) -> None:
     """Compute buffers per pool (model in the module docstring), plus the recipe's fixed compute_mib per pool
-    (a recipe without compute_token_kib has only that: 1024 MiB unless it says otherwise)."""
+    (a recipe without compute_token_kib has only that: 1024 MiB unless it says otherwise). `slot_states`: slots x
+    snapshots when there are several slots (0 for one, which the per-token figure covers)."""
     mem, srv = recipe.memory, recipe.server
     fixed = mem["compute_mib"] if mem["compute_mib"] is not None else (0 if mem["compute_token_kib"] else 1024)
     for p in list(devices) + [host]:
@@ -501,7 +509,8 @@ def _add_compute(recipe: Recipe, target: TargetShape, devices: list[Pool], host:
     if mem["compute_token_kib"] is None:
         return
     ub = srv["ubatch"]
-    graph = int(ub * mem["compute_token_kib"] * 1024) + 2 * ub * cells
+    # several slots: the reserved graph gathers one recurrent layer's state for every slot and snapshot, in and out
+    graph = int(ub * mem["compute_token_kib"] * 1024) + 2 * ub * cells + 2 * slot_states * target.state_layer_bytes()
     runs = [d for d in devices if any(x is d for x in dev)]
     if not runs:  # CPU only: the host runs the graph
         host.use["compute"] += graph
