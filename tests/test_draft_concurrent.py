@@ -65,8 +65,8 @@ def _concurrently(url: str, prompts: list) -> list[tuple[list[int], dict, float,
 
 def _serve(target, draft, tmp_path, tag, prompts, *, concurrent: bool):
     log = tmp_path / f"server-{tag}.log"
-    extra = (N_MAX + _slot_args(target)) if concurrent else N_MAX
-    with llama_server(target, draft, extra=extra, log_path=log) as url:
+    slots = {"slots": _slot_args(target)} if concurrent else {}
+    with llama_server(target, draft, extra=N_MAX, log_path=log, **slots) as url:
         if concurrent:
             res = _concurrently(url, prompts)
         else:
@@ -80,7 +80,7 @@ def _check_concurrent(res, log_text):
     earliest_end = min(r[3] for r in res)
     assert latest_start < earliest_end, "the requests did not overlap"
     assert {int(m) for m in SLOT_RE.findall(log_text)} == set(range(N_STREAMS))
-    assert "kv_unified            = true" in log_text
+    assert f"n_slots = {N_STREAMS}, n_ctx_slot = 512, kv_unified = 'true'" in log_text
 
 
 @pytest.fixture(scope="module")
