@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -116,7 +117,7 @@ def _concurrency(out_dir, levels_text, prompt_lengths, draft, draft_n_max, promp
         raise RuntimeNotFound(" | ".join(s.problems))
     dest = Path(out) if out else Path(out_dir) / "bench"
     steps = len(levels) * (2 if draft else 1)
-    with click.progressbar(length=steps, label="concurrency levels", file=click.get_text_stream("stderr")) as bar:
+    with click.progressbar(length=steps, label="concurrency levels", file=sys.stderr) as bar:
         result, paths = cc.measure(s, levels, lengths[0], n_predict, draft=draft, dest=dest, threads=threads,
                                    timeout=timeout, on_level=lambda mode, level: bar.update(1))
     click.echo(cc.markdown(result))
