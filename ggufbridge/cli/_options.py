@@ -116,11 +116,7 @@ quant_type = _option("--quant", default=None, metavar="TYPE",
                           "own mix.")
 imatrix = _option("--imatrix", type=click.Path(dir_okay=False), default=None,
                   help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
-quant_parallel = _option("--parallel", type=click.IntRange(1, 256), default=None,
-                   help="Slots: requests served at once, each with the plan's context and its own recurrent state "
-                        "(default: the recipe's server.parallel). Refused, naming what fits, when memory does not "
-                        "allow it.")
-threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None,
+quant_threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None,
                         help="CPU threads (default: up to 8).")
 
 MIX_DEPRECATED = ("warning: --recipe for a quantisation mix is deprecated, use --mix (--recipe names a hardware "
