@@ -1,4 +1,5 @@
-"""`ggufbridge bench`: target-only vs DSpark-drafted decoding per prompt length, on a real llama-server."""
+"""`ggufbridge bench`: target-only vs DSpark-drafted decoding per prompt length, or per number of concurrent
+clients (--concurrency), on a real llama-server."""
 
 from __future__ import annotations
 
@@ -35,13 +36,15 @@ from ggufbridge.runtime.session import prepare
 @click.option("--repeats", type=click.IntRange(1, opt.INT32_MAX), default=1, show_default=True)
 @opt.threads()
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Where to write bench.json / bench.md / bench.png (default: OUT_DIR/bench).")
+              help="Where to write bench.json / .md / .png, or concurrency.json / .md / .png with --concurrency "
+                   "(default: OUT_DIR/bench).")
 @opt.llama_bin()
 @opt.timeout("Seconds to wait for each server's /health.")
 def command(out_dir, prompt_lengths, concurrency, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats,
             threads, out, llama_bin, timeout):
     """Measure prefill and decode tokens/s, time to first token, draft acceptance and whether greedy outputs
-    match, for each prompt length (or each of your --prompts); write JSON, a Markdown table and a PNG plot."""
+    match, for each prompt length (or each of your --prompts); write JSON, a Markdown table and a PNG plot.
+    With --concurrency: the same for many clients at once, per number of concurrent streams."""
     import dataclasses
 
     from ggufbridge.runtime.recipes import MAX_DRAFT_N
