@@ -347,7 +347,7 @@ class Plan:
                  f"= {_gib(f['checkpoints_total'])}"]
         if f.get("draft_weights"):
             lines.append(f"  draft: weights {_gib(f['draft_weights'])}, KV {f['draft_kv_per_token']:,} B/token "
-                         f"= {_gib(f['draft_kv_total'])}")
+                         f"= {_gib(f['draft_kv_total'])}, attention mask {_gib(f['draft_mask'])}")
         if f.get("mmproj"):
             lines.append(f"  mmproj: {_gib(f['mmproj'])}")
         if len(set(self.layers)) > 1:
@@ -482,7 +482,8 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
         # the draft context has the target's n_ctx: its KV and its attention mask (2 bytes per -ub token and cell,
         # the whole of its compute buffer beside a constant) span the pool
         dpool.use["draft"] += draft.weight_bytes + dkv * cells + 2 * srv["ubatch"] * cells
-        figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells)
+        figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells,
+                       draft_mask=2 * srv["ubatch"] * cells)
         if draft.block_size is not None and drf["n_max"] > draft.block_size:
             notes.append(f"draft.n_max {drf['n_max']} exceeds the draft's block_size {draft.block_size}; "
                          f"the runtime clamps it")
