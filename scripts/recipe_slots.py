@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +31,7 @@ def most_slots(target, recipe, *, draft=None, top=16) -> tuple[int, object]:
     """The most slots (<= top) that fit at the recipe's full context (never shrunk) without moving more routed
     experts to host memory than one slot does, and that plan."""
     from ggufbridge.errors import PlanError
-    from ggufbridge.runtime import plan as pl
+    from ggufbridge.runtime import memory as pl
 
     ctx = recipe.server["ctx"] if draft is None else min(recipe.server["ctx"], recipe.draft["ctx_cap"])
     best = (0, None)
@@ -48,14 +47,15 @@ def most_slots(target, recipe, *, draft=None, top=16) -> tuple[int, object]:
 
 
 def main() -> int:
-    from ggufbridge.runtime import plan as pl
+    from ggufbridge.runtime import memory as pl
     from ggufbridge.runtime.recipes import load_recipe
 
     rr = _report()
     draft = pl.DraftShape(n_layer=5, n_head_kv=2, key_length=256, value_length=256, weight_bytes=DRAFT_BYTES,
                           block_size=15)
-    rows = ["| recipe | file | context per slot | slots that fit (of 16), experts where one slot has them | its default | per extra slot: KV + state "
-            "on the device, checkpoints in RAM | with the draft (8,192 tokens): slots that fit |",
+    rows = ["| recipe | file | context per slot | slots that fit (of 16), experts where one slot has them | "
+            "its default | per extra slot: KV + state on the device, checkpoints in RAM | with the draft (8,192 "
+            "tokens): slots that fit |",
             "|---|---|---:|---:|---:|---|---:|"]
     for name, quant in FILES.items():
         recipe = load_recipe(name)

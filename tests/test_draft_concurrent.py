@@ -2,7 +2,7 @@
 DSpark draft, each greedy output equal to target-only output for its own prompt.
 
 The server runs with the planner's own slot arguments (a unified KV pool, each slot capped at its context,
-runtime/plan.py), so this is the configuration `serve --parallel 4 --draft` launches. Two pairs:
+runtime/memory.py), so this is the configuration `serve --parallel 4 --draft` launches. Two pairs:
 
 * random target + random draft: the target's output depends on its recurrent state, and random drafts are
   rejected most of the time, so every stream rolls its gated-delta-net state back round after round while the
@@ -29,9 +29,9 @@ import pytest
 
 from _draft_helpers import greedy, llama_server, post_json
 from ggufbridge.convert import convert
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime.recipes import load_recipe
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 
 pytestmark = pytest.mark.slow
 

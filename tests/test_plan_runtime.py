@@ -8,11 +8,12 @@ and full-attention shapes (2 KV heads of 256) on a tiny hidden size, so the runt
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from ggufbridge.runtime import locate as loc
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 
@@ -31,7 +32,7 @@ SLOT_RE = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_uni
 @pytest.mark.slow
 @pytest.mark.parametrize("slots", [1, 2, 4])
 def test_planner_matches_runtime_allocations(tmp_path, slots):
-    """Started with the plan's own slot arguments (runtime/plan.py: one unified pool of slots x context cells, each
+    """Started with the plan's own slot arguments (runtime/memory.py: one unified pool of slots x context cells, each
     slot capped at its context), llama-server allocates exactly the planned KV cache (target and draft), recurrent
     state (slots x (1 + n_max) snapshots) and weights, and gives every slot the planned context."""
     rt = loc.locate()

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from ggufbridge.cli import cli
 from ggufbridge.errors import PlanError
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime.recipes import load_recipe
 
 from _shape_gguf import write_qwen35moe

@@ -21,10 +21,9 @@ import json
 import math
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ggufbridge.errors import GGUFBridgeError, ServerError
 from ggufbridge.runtime import server as sv
@@ -96,41 +95,6 @@ def prompt_text(url: str, n: int, i: int, api_key: str | None = None) -> str:
     return body["content"]
 
 
-def chat_stream(url: str, prompt: str, n_predict: int, t0: float, api_key: str | None = None,
-                timeout: float = 3600.0) -> tuple[float, float | None, float | None, str, dict, dict]:
-    """One greedy streamed chat completion: (start, first content, last content — all perf_counter() - t0 —,
-    text, usage, server timings)."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n_predict, "temperature": 0.0,
-            "top_k": 1, "seed": 0, "stream": True, "stream_options": {"include_usage": True},
-            "ignore_eos": True, "cache_prompt": False}
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    start = time.perf_counter() - t0
-    first = last = None
-    text, usage, timings = "", {}, {}
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        for raw in r:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise ServerError(f"the server failed a streamed request: {str(chunk['error'])[:200]}")
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
-                if piece:
-                    now = time.perf_counter() - t0
-                    first = now if first is None else first
-                    last = now
-                    text += piece
-            usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
-    return start, first, last, text, usage, timings
-
-
 def run_level(url: str, mode: str, level: int, prompts: list[str], n_predict: int,
               api_key: str | None = None) -> tuple[list[Stream], float]:
     """`level` clients released together, one streamed request each; (their streams, the level's wall time)."""
@@ -141,7 +105,7 @@ def run_level(url: str, mode: str, level: int, prompts: list[str], n_predict: in
     def client(i: int) -> None:
         try:
             gate.wait()
-            start, first, last, text, usage, timings = chat_stream(url, prompts[i], n_predict, t0, api_key)
+            start, first, last, text, usage, timings = sv.chat_stream(url, prompts[i], n_predict, t0, api_key)
             if first is None:
                 raise ServerError(f"stream {i} of {level} returned no content")
             out[i] = Stream(mode=mode, level=level, index=i, start_s=start, first_s=first, end_s=last,
@@ -191,7 +155,7 @@ def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: d
         srv.wait_ready(timeout)
         url = srv.url
         prompts = [prompt_text(url, prompt_tokens, i) for i in range(max(levels))]
-        chat_stream(url, prompts[0][:64], 4, time.perf_counter())  # warm-up: first-call allocations
+        sv.chat_stream(url, prompts[0][:64], 4, time.perf_counter())  # warm-up: first-call allocations
         for level in levels:
             got, wall = run_level(url, mode, level, prompts[:level], n_predict)
             streams += got
@@ -284,14 +248,26 @@ def slot_context(prompt_tokens: int, n_predict: int) -> int:
     return -(-(prompt_tokens + 64 + n_predict) // 256) * 256
 
 
-def measure(s, levels: list[int], prompt_tokens: int, n_predict: int, *, draft: bool, dest: Path,
-            threads: int | None = None, timeout: float = 900.0,
-            on_level: Callable[[str, int], None] | None = None) -> tuple[dict, dict[str, Path]]:
-    """Every level, target-only and (with `draft`) drafted, on one server per mode started from the session's
-    plan (`s`: runtime.session.Session planned with max(levels) slots of slot_context() tokens); writes
-    concurrency.json / .md / .png into `dest` and returns (the result, their paths)."""
-    if s.plan.slots < max(levels):
-        raise GGUFBridgeError(f"--concurrency {max(levels)} needs as many slots; the plan has {s.plan.slots}")
+def bench_concurrency(out_dir: str | Path, *, levels: list[int], prompt_tokens: int = 1024, n_predict: int = 128,
+                      draft: bool = False, recipe: str = "cpu", threads: int | None = None,
+                      log_dir: str | Path | None = None, llama_bin: str | None = None, timeout: float = 900.0,
+                      on_command: Callable[[str, str], None] | None = None,
+                      on_level: Callable[[str, int], None] | None = None) -> dict:
+    """Every level of `levels`, target-only and (with `draft`) drafted, one llama-server per mode planned with
+    max(levels) slots of slot_context() tokens. Returns the result that `write_outputs` writes
+    (concurrency.json); server logs go to `log_dir` (default OUT_DIR/bench). `on_command(mode, command)` hears
+    each server's command line before it starts, `on_level(mode, level)` each level once measured."""
+    from ggufbridge.errors import RuntimeNotFound
+    from ggufbridge.runtime.session import prepare
+
+    levels = sorted(set(levels))
+    if not levels or levels[0] < 1:
+        raise GGUFBridgeError(f"--concurrency: expected levels of at least 1, found {levels}")
+    s = prepare(out_dir, recipe, draft=draft, ctx=slot_context(prompt_tokens, n_predict), llama_bin=llama_bin,
+                rpc_workers=0, parallel=max(levels))
+    if s.problems:
+        raise RuntimeNotFound(" | ".join(s.problems))
+    dest = Path(log_dir) if log_dir else Path(out_dir) / "bench"
     dest.mkdir(parents=True, exist_ok=True)
     host = "127.0.0.1"
     commands, rows, streams = {}, [], []
@@ -300,15 +276,16 @@ def measure(s, levels: list[int], prompt_tokens: int, n_predict: int, *, draft: 
         opts = sv.ServeOptions(host=host, port=port, draft=mode == "draft", threads=threads)
         argv = sv.server_argv(s.rt.bin_dir / "llama-server", s.recipe, s.plan, s.art, opts)
         commands[mode] = sv.printable(argv)
+        if on_command is not None:
+            on_command(mode, commands[mode])
         got_rows, got = run_mode(mode, argv, host, port, dest / f"llama-server-concurrency-{mode}.log", s.rt.env(),
                                  levels, prompt_tokens, n_predict, timeout, on_level=on_level)
         rows += got_rows
         streams += got
-    result = {
+    return {
         "model": s.art.target.path.name, "recipe": s.recipe.name, "slots": s.plan.slots, "ctx": s.plan.ctx,
         "prompt_tokens": prompt_tokens, "n_predict": n_predict, "levels": levels,
         "runtime": {"bin": str(s.rt.bin_dir), "commit": s.rt.commit, "version": s.rt.version},
         "commands": commands, "rows": rows, "greedy_identical": compare_modes(streams),
         "streams": stream_dicts(streams),
     }
-    return result, write_outputs(result, dest)
