@@ -131,3 +131,11 @@ def test_cli_plan_shows_slots_and_refuses_too_many_in_one_line(tmp_path):
     assert fits.exit_code == 0, fits.output
     over = CliRunner().invoke(cli, ["plan", str(out), "--recipe", str(recipe), "--parallel", "300"])
     assert over.exit_code == 2 and "--parallel" in over.stderr and "Traceback" not in over.output
+    # serve refuses the same way before anything starts, and its dry run shows the slots that fit
+    srv = CliRunner().invoke(cli, ["serve", str(out), "--recipe", str(recipe), "--parallel", "64", "--ctx", "4096",
+                                   "--dry-run"])
+    assert srv.exit_code == 2 and srv.stderr.strip().splitlines() == lines, srv.output
+    dry = CliRunner().invoke(cli, ["serve", str(out), "--recipe", str(recipe), "--parallel", str(n), "--ctx", "4096",
+                                   "--dry-run"])
+    assert dry.exit_code == 0 and f"slots: {n} x 4,096 tokens of context" in dry.stdout, dry.output
+    assert f"-np {n} --kv-unified --kv-unified-per-slot 4096" in dry.stdout
