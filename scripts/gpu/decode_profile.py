@@ -26,11 +26,17 @@ import sys
 from collections import defaultdict
 
 
+def _env(bench: str, **more) -> dict:
+    """The tool finds the runtime's shared libraries beside it (as ggufbridge's own launches do)."""
+    lib = os.path.dirname(bench)
+    return dict(os.environ, LD_LIBRARY_PATH=lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""), **more)
+
+
 def batched_bench(bench: str, model: str, npl: list[int], npp: int, ntg: int, extra: list[str]) -> list[dict]:
     ctx = max(npl) * (npp + ntg) + 256
     argv = [bench, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(npp), "-ntg", str(ntg),
             "-npl", ",".join(map(str, npl)), "-ngl", "99", "-fa", "on", "--output-format", "jsonl", *extra]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=_env(bench))
     # LOG() lines: stdout in this tree; read both streams in case a build routes them to stderr
     rows = [json.loads(line) for line in (p.stdout + "\n" + p.stderr).splitlines() if line.startswith('{"n_kv_max"')]
     if not rows:
@@ -45,8 +51,8 @@ def ncu_kernels(ncu: str, bench: str, model: str, pl: int, ntg: int, extra: list
     argv = [ncu, "--csv", "--page", "raw", "--metrics", "gpu__time_duration.sum", "--print-units", "base",
             "--target-processes", "all", bench, "-m", model, "-c", str(pl * (1 + ntg) + 256), "-b", "2048",
             "-ub", "512", "-npp", "1", "-ntg", str(ntg), "-npl", str(pl), "-ngl", "99", "-fa", "on", *extra]
-    env = dict(os.environ, GGML_CUDA_DISABLE_GRAPHS="1")
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
+                       env=_env(bench, GGML_CUDA_DISABLE_GRAPHS="1"))
     text = p.stdout[p.stdout.find('"ID"'):] if '"ID"' in p.stdout else ""
     rows = list(csv.DictReader(io.StringIO(text)))
     out: dict[str, list[float]] = defaultdict(list)
