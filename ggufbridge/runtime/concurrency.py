@@ -21,9 +21,9 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 
 from ggufbridge.errors import GGUFBridgeError, ServerError
 from ggufbridge.runtime import server as sv
