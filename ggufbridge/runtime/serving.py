@@ -65,7 +65,17 @@ def setup(out_dir: str | Path, *, recipe: str = "cpu", draft: bool = False, host
         endpoints = [f"WORKER{i}:{rec.rpc['default_port']}" for i in range(workers)]
     else:
         endpoints = sv.parse_rpc(rpc, workers)
-    s = prepare(out_dir, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers, parallel=parallel)
+    # drafting on several slots can change a stream's greedy output in the pinned runtime (docs/benchmarks.md,
+    # "Drafting with several streams"): with --draft the default is one slot, and more are served only when asked
+    fault = draft and parallel is None and rec.server["parallel"] > 1
+    s = prepare(out_dir, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers,
+                parallel=1 if fault else parallel)
+    why = "the pinned runtime can change a stream's greedy output when several slots draft (docs/benchmarks.md)"
+    if fault:
+        s.plan.notes.append(f"--draft serves one slot (the recipe has {rec.server['parallel']}): {why}; --parallel N "
+                            f"serves more")
+    elif draft and s.plan.slots > 1:
+        s.plan.notes.append(f"--draft on {s.plan.slots} slots: {why}")
     extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
     if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
         from ggufbridge.vision import ffshim
