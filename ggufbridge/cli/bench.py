@@ -12,7 +12,8 @@ from ggufbridge.cli import _options as opt
 
 
 @click.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@opt.model("Also run with the DSpark draft (MODEL's, or FILE) and compare; says whether drafting pays on this "
+           "machine and with which n_max.")
 @click.option("--prompt-lengths", default=None,
               help="Comma-separated prompt lengths in tokens (k = 1024) [default: 1k,2k,4k,8k; with --concurrency "
                    "one length, 1k].")
@@ -20,8 +21,6 @@ from ggufbridge.cli import _options as opt
               help="Many clients at once instead: for each N, N concurrent streamed chat requests through the OpenAI "
                    "API of one server with max(N) slots; aggregate and per-stream decode tok/s, time to first "
                    "token p50/p95 (with --draft: drafted too), plotted against N. E.g. 1,2,4,8,16.")
-@opt.draft("Also run with the DSpark draft and compare; says whether drafting pays on this machine and with "
-           "which n_max.")
 @click.option("--draft-n-max", default=None, metavar="N[,N...]",
               help="Draft lengths to compare with --draft (default: the recipe's draft.n_max), e.g. 2,4,6,8.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
@@ -33,10 +32,10 @@ from ggufbridge.cli import _options as opt
 @opt.threads()
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default=None,
               help="Where to write bench.json / .md / .png, or concurrency.json / .md / .png with --concurrency "
-                   "(default: OUT_DIR/bench).")
+                   "(default: MODEL's folder/bench; ./bench for a hub spec).")
 @opt.llama_bin()
 @opt.timeout("Seconds to wait for each server's /health.")
-def command(out_dir, prompt_lengths, concurrency, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats,
+def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats,
             threads, out, llama_bin, timeout):
     """Measure prefill and decode tokens/s, time to first token, draft acceptance and whether greedy outputs
     match, for each prompt length (or each of your --prompts); write JSON, a Markdown table and a PNG plot.
@@ -45,7 +44,7 @@ def command(out_dir, prompt_lengths, concurrency, draft, draft_n_max, prompts_fi
     from ggufbridge.runtime.recipes import MAX_DRAFT_N
 
     if concurrency is not None:
-        _concurrency(out_dir, concurrency, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
+        _concurrency(model, concurrency, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
                      repeats, threads, out, llama_bin, timeout)
         return
     prompts = bn.load_prompts(prompts_file) if prompts_file else None
@@ -53,8 +52,8 @@ def command(out_dir, prompt_lengths, concurrency, draft, draft_n_max, prompts_fi
     sweep = bn.parse_n_max(draft_n_max, MAX_DRAFT_N) if draft_n_max else []
     if sweep and not draft:
         raise click.UsageError("--draft-n-max needs --draft")
-    dest = Path(out) if out else Path(out_dir) / "bench"
-    result = bn.bench(out_dir, prompt_lengths=lengths, draft=draft, draft_n_max=sweep, prompts=prompts,
+    dest = Path(out) if out else bn.default_dir(model)
+    result = bn.bench(model, prompt_lengths=lengths, draft=draft, draft_n_max=sweep, prompts=prompts,
                       recipe=recipe_name, n_predict=n_predict, repeats=repeats, threads=threads, log_dir=dest,
                       llama_bin=llama_bin, timeout=timeout,
                       on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True))
@@ -64,7 +63,7 @@ def command(out_dir, prompt_lengths, concurrency, draft, draft_n_max, prompts_fi
         click.echo(f"{kind}: {p}")
 
 
-def _concurrency(out_dir, levels_text, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
+def _concurrency(model, levels_text, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
                  repeats, threads, out, llama_bin, timeout):
     """bench --concurrency (`ggufbridge.runtime.concurrency.bench_concurrency`)."""
     from ggufbridge.runtime import benchmark as bn
@@ -77,10 +76,10 @@ def _concurrency(out_dir, levels_text, prompt_lengths, draft, draft_n_max, promp
     lengths = bn.parse_lengths(prompt_lengths or "1k")
     if len(lengths) != 1:
         raise click.UsageError(f"--concurrency takes one --prompt-lengths value, found {prompt_lengths!r}")
-    dest = Path(out) if out else Path(out_dir) / "bench"
+    dest = Path(out) if out else bn.default_dir(model)
     with click.progressbar(length=len(levels) * (2 if draft else 1), label="concurrency levels",
                            file=sys.stderr) as bar:
-        result = cc.bench_concurrency(out_dir, levels=levels, prompt_tokens=lengths[0], n_predict=n_predict,
+        result = cc.bench_concurrency(model, levels=levels, prompt_tokens=lengths[0], n_predict=n_predict,
                                       draft=draft, recipe=recipe_name, threads=threads, log_dir=dest,
                                       llama_bin=llama_bin, timeout=timeout,
                                       on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True),

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import RuntimeNotFound, ServerError
-from ggufbridge.runtime import lifecycle, patches
+from ggufbridge.runtime import lifecycle
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.artifacts import ModelSpec, home_of
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import Session, prepare
 
@@ -46,10 +47,10 @@ class ServeSetup:
         return self.opts.rpc
 
 
-def setup(out_dir: str | Path, *, recipe: str = "cpu", draft: bool = False, host: str = "127.0.0.1",
+def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool = False, host: str = "127.0.0.1",
           port: int = 8080, ctx: int | None = None, parallel: int | None = None, api_key: str | None = None,
-          rpc: str | None = None, threads: int | None = None, llama_bin: str | None = None,
-          media_path: str | Path | None = None,
+          rpc: str | None = None,
+          threads: int | None = None, llama_bin: str | None = None, media_path: str | Path | None = None,
           think: bool | None = None, reasoning_budget: int | None = None, dry_run: bool = False) -> ServeSetup:
     """Load, plan and build the command. `ctx` is per slot, `parallel` the slots (default the recipe's). `rpc` is
     `HOST:PORT[,...]` or `local`; with `dry_run` and no `rpc`, a recipe's workers are shown as placeholders
@@ -68,7 +69,7 @@ def setup(out_dir: str | Path, *, recipe: str = "cpu", draft: bool = False, host
     # drafting on several slots can change a stream's greedy output in the pinned runtime (docs/benchmarks.md,
     # "Drafting with several streams"): with --draft the default is one slot, and more are served only when asked
     fault = draft and parallel is None and rec.server["parallel"] > 1
-    s = prepare(out_dir, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers,
+    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers,
                 parallel=1 if fault else parallel)
     why = "the pinned runtime can change a stream's greedy output when several slots draft (docs/benchmarks.md)"
     if fault:
@@ -104,17 +105,20 @@ def dry_run_lines(st: ServeSetup) -> list[str]:
                      f"--port {ep.rsplit(':', 1)[1]}")
     lines.append(f"command: {sv.printable(st.argv)}")
     lines.append(s.plan.format())
+    if s.image_loss:
+        lines.append(f"note: images: {s.image_loss}")
     lines += [f"note: this runtime would refuse to serve: {p}" for p in s.problems]
     return lines
 
 
-def serve(out_dir: str | Path, *, log_path: str | Path | None = None, timeout: float = 900.0,
+def serve(model: "str | Path | ModelSpec", *, log_path: str | Path | None = None, timeout: float = 900.0,
           dry_run: bool = False, say: Callable[[str], None] = _log_info,
           warn: Callable[[str], None] = _log_warning, **options) -> lifecycle.Outcome | None:
-    """Serve `out_dir` until SIGINT/SIGTERM (`options`: those of `setup`). With `dry_run`, say what would run and
-    return None; else the Outcome (which signal stopped it, whether it was ready). Raises ServerError when the
-    server fails to start or exits on its own; no process outlives the call."""
-    st = setup(out_dir, dry_run=dry_run, **options)
+    """Serve `model` (runtime.artifacts: a folder, GGUF files or a hub spec) until SIGINT/SIGTERM (`options`:
+    those of `setup`). With `dry_run`, say what would run and return None; else the Outcome (which signal stopped
+    it, whether it was ready). Raises ServerError when the server fails to start or exits on its own; no process
+    outlives the call."""
+    st = setup(model, dry_run=dry_run, **options)
     s, opts = st.session, st.opts
     wild = wildcard_warning(opts.host, opts.api_key)
     if dry_run:
@@ -125,13 +129,13 @@ def serve(out_dir: str | Path, *, log_path: str | Path | None = None, timeout: f
         return None
     if s.problems:
         raise RuntimeNotFound(s.problems[0] if len(s.problems) == 1 else " | ".join(s.problems))
-    if s.art.mmproj is not None and not s.rt.canvas_mrope:
-        warn(f"warning: images: {patches.STOCK_IMAGE_LOSS}")
+    if s.image_loss:
+        warn(f"warning: images: {s.image_loss}")
     if wild:
         warn(wild)
     if not st.local_rpc:
         lifecycle.check_workers(st.endpoints)
-    log_file = Path(log_path) if log_path else lifecycle.default_log(Path(out_dir))
+    log_file = Path(log_path) if log_path else lifecycle.default_log(home_of(model))
     srv = sv.Server(st.argv, opts.host, opts.port, log_file, env=s.rt.env())
     pool: list[rpcw.Worker] = []
 
