@@ -43,12 +43,13 @@ def post_json(url: str, body: dict, timeout: float = 120.0) -> dict:
 
 @contextlib.contextmanager
 def llama_server(model: Path, draft: Path | None = None, *, extra: tuple[str, ...] = (), log_path: Path,
-                 timeout: float = 120.0):
-    """Start llama-server on 127.0.0.1:<free port>; yield its base URL; stop it (and only it) at the end."""
+                 timeout: float = 120.0, slots: tuple[str, ...] = ("-c", "512", "-np", "1")):
+    """Start llama-server on 127.0.0.1:<free port>; yield its base URL; stop it (and only it) at the end.
+    `slots`: its context and slot arguments (a plan's `context_args()` for several)."""
     rt = locate()
     port = free_port()
     argv = [str(rt.tool("llama-server")), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "-c", "512", "-np", "1", "-t", "2", "--no-warmup", "--no-webui", *extra]
+            *slots, "-t", "2", "--no-warmup", "--no-webui", *extra]
     if draft is not None:
         argv += ["-md", str(draft), "--spec-type", "draft-dspark"]
     with open(log_path, "wb") as log:

@@ -66,7 +66,7 @@ def test_gated_delta_net_state_published_figure(real):
 
 
 def test_plan_prints_the_published_numbers(real):
-    plan = pl.make_plan(with_weights(real, 65), load_recipe("spark"))
+    plan = pl.make_plan(with_weights(real, 65), load_recipe("spark"), slots=1)  # one slot's figures
     text = plan.format()
     assert plan.ctx == 262_144 and plan.figures["kv_total"] == 5 * GIB
     assert "20,480 B/token x 262,144 cells = 5.00 GiB" in text
@@ -134,14 +134,16 @@ def test_cli_plan_refuses_with_exit_2(tmp_path):
 def test_context_shrinks_only_when_allowed(real):
     target = with_weights(real, 8)
     recipe = load_recipe("cpu")
-    # a host that holds the weights, compute and a 16k context but not the 32k context's KV (0.63 GiB)
-    small = dataclasses.replace(recipe, memory=dict(recipe.memory, host_gib=8.5, host_headroom_gib=0))
-    plan = pl.make_plan(target, small)
+    # a host that holds the weights, compute, the server's context checkpoints (32 state copies) and a 16k context
+    # but not the 32k context's KV (0.63 GiB)
+    checkpoints = pl.CTX_CHECKPOINTS * real.state_bytes_per_slot() / GIB
+    small = dataclasses.replace(recipe, memory=dict(recipe.memory, host_gib=8.5 + checkpoints, host_headroom_gib=0))
+    plan = pl.make_plan(target, small, slots=1)
     assert plan.ctx < recipe.server["ctx"] and plan.ctx >= recipe.server["min_ctx"]
     assert any("context reduced" in n for n in plan.notes)
     _check_budgets(plan)
     with pytest.raises(PlanError):  # an explicit context is never changed
-        pl.make_plan(target, small, ctx=recipe.server["ctx"])
+        pl.make_plan(target, small, ctx=recipe.server["ctx"], slots=1)
 
 
 def test_draft_caps_context_and_adds_state_snapshots(real):
@@ -150,10 +152,10 @@ def test_draft_caps_context_and_adds_state_snapshots(real):
     draft = dataclasses.replace(REAL_DRAFT, weight_bytes=GIB // 2, block_size=16)
     plan = pl.make_plan(target, recipe, draft=draft)
     assert plan.ctx == 8192 and any("capped" in n for n in plan.notes)
-    n_max = recipe.draft["n_max"]
-    # the target keeps n_max extra recurrent-state snapshots for rollback
-    assert plan.figures["state_total"] == real.state_bytes_per_slot() * (1 + n_max)
-    assert plan.figures["draft_kv_total"] == 10_240 * 8192
+    n_max, slots = recipe.draft["n_max"], recipe.server["parallel"]
+    # the target keeps n_max extra recurrent-state snapshots per slot for rollback
+    assert plan.figures["state_total"] == real.state_bytes_per_slot() * (1 + n_max) * slots
+    assert plan.figures["draft_kv_total"] == 10_240 * 8192 * slots
     assert pl.make_plan(target, recipe, draft=draft, ctx=65_536).ctx == 65_536  # --ctx overrides the cap
 
 
@@ -164,7 +166,7 @@ def test_spark_x2_splits_layers_over_rpc_worker_first(real):
     assert plan.tensor_split == [112.0, 112.0]
     rpc, local = plan.pools
     assert rpc.use["weights"] > 0 and local.use["weights"] > rpc.use["weights"] * 0.8
-    assert rpc.use["kv"] + local.use["kv"] == 5 * GIB
+    assert rpc.use["kv"] + local.use["kv"] == 5 * GIB * recipe.server["parallel"]  # 262,144 tokens per slot
 
 
 def test_rpc_devices_are_named_as_planned(real, tmp_path):

@@ -148,7 +148,7 @@ def start(s, *, draft=False, log: Path, extra=(), rpc=()):
 
 def cmd_measure(a) -> None:
     base = gpu_used_now()
-    s = prepare(a.model, a.recipe, ctx=a.ctx, llama_bin=a.llama_bin)
+    s = prepare(a.model, a.recipe, ctx=a.ctx, llama_bin=a.llama_bin, parallel=1)  # one request at a time
     if s.problems:
         sys.exit(" | ".join(s.problems))
     log = a.logdir / f"server-{a.tag}.log"
@@ -210,7 +210,7 @@ def cmd_draft(a) -> None:
         over = f'name = "draft-{n_max}"\n[server]\nctx = {a.ctx}\nmin_ctx = {a.ctx}\n'
         if n_max:
             over += f'[draft]\nn_max = {n_max}\nctx_cap = {a.ctx}\n'
-        s = prepare(a.model, user_recipe(a.recipe, over, tmp), draft=bool(n_max), ctx=a.ctx,
+        s = prepare(a.model, user_recipe(a.recipe, over, tmp), draft=bool(n_max), ctx=a.ctx, parallel=1,
                     llama_bin=a.llama_bin)
         if s.problems:
             sys.exit(" | ".join(s.problems))
@@ -250,7 +250,7 @@ def cmd_compute(a) -> None:
                 over = (f'name = "probe"\n[server]\nctx = {ctx}\nmin_ctx = {ctx}\nbatch = {max(ub, 2048)}\n'
                         f'ubatch = {ub}\ncache_type_k = "{kv}"\ncache_type_v = "{kv}"\nn_cpu_moe = 0\n'
                         f'n_gpu_layers = "all"\n')
-                s = prepare(a.model, user_recipe(a.recipe, over, tmp), ctx=ctx, llama_bin=a.llama_bin)
+                s = prepare(a.model, user_recipe(a.recipe, over, tmp), ctx=ctx, llama_bin=a.llama_bin, parallel=1)
                 tag = f"compute-{kv}-ub{ub}-c{ctx}"
                 log = a.logdir / f"server-{tag}.log"
                 srv, argv = start(s, log=log, extra=["--no-warmup"])

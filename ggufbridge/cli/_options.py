@@ -97,6 +97,10 @@ def model(draft_help: str = "Speculative decoding with the DSpark draft: MODEL's
     return decorator
 ctx = _option("--ctx", type=click.IntRange(256, INT32_MAX), default=None, show_default=True,
               help="Context size (default: the plan's).")
+parallel = _option("--parallel", type=click.IntRange(1, 256), default=None,
+                   help="Slots: requests served at once, each with the plan's context and its own recurrent state "
+                        "(default: the recipe's server.parallel). Refused, naming what fits, when memory does not "
+                        "allow it.")
 threads = _option("--threads", type=click.IntRange(1, MAX_THREADS), default=None, help="CPU threads for llama-server.")
 llama_bin = _option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
                     help="A llama.cpp build/bin directory to use instead of the cached build (env LLAMA_CPP_BIN).")

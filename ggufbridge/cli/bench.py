@@ -1,7 +1,9 @@
-"""`ggufbridge bench`: target-only vs DSpark-drafted decoding per prompt length, on a real llama-server."""
+"""`ggufbridge bench`: target-only vs DSpark-drafted decoding per prompt length, or per number of concurrent
+clients (--concurrency), on a real llama-server."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -12,9 +14,14 @@ from ggufbridge.cli import _options as opt
 @click.command()
 @opt.model("Also run with the DSpark draft (MODEL's, or FILE) and compare; says whether drafting pays on this "
            "machine and with which n_max.")
-@click.option("--prompt-lengths", "--depths", "prompt_lengths", default="1k,2k,4k,8k", show_default=True,
+@click.option("--prompt-lengths", "--depths", "prompt_lengths", default=None,
               help="Comma-separated prompt lengths (context depths) in tokens (k = 1024), e.g. 1k,32k,128k,250k: "
-                   "decode and prefill speed at each depth, target-only and with --draft.")
+                   "decode and prefill speed at each depth, target-only and with --draft [default: 1k,2k,4k,8k; "
+                   "with --concurrency one length, 1k].")
+@click.option("--concurrency", default=None, metavar="N[,N...]",
+              help="Many clients at once instead: for each N, N concurrent streamed chat requests through the OpenAI "
+                   "API of one server with max(N) slots; aggregate and per-stream decode tok/s, time to first "
+                   "token p50/p95 (with --draft: drafted too), plotted against N. E.g. 1,2,4,8,16.")
 @click.option("--draft-n-max", default=None, metavar="N[,N...]",
               help="Draft lengths to compare with --draft (default: the recipe's draft.n_max), e.g. 2,4,6,8.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
@@ -25,19 +32,24 @@ from ggufbridge.cli import _options as opt
 @click.option("--repeats", type=click.IntRange(1, opt.INT32_MAX), default=1, show_default=True)
 @opt.threads()
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Where to write bench.json / bench.md / bench.png (default: MODEL's folder/bench; ./bench for a "
-                   "hub spec).")
+              help="Where to write bench.json / .md / .png, or concurrency.json / .md / .png with --concurrency "
+                   "(default: MODEL's folder/bench; ./bench for a hub spec).")
 @opt.llama_bin()
 @opt.timeout("Seconds to wait for each server's /health.")
-def command(model, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats, threads, out,
-            llama_bin, timeout):
+def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats,
+            threads, out, llama_bin, timeout):
     """Measure prefill and decode tokens/s, time to first token, draft acceptance and whether greedy outputs
-    match, for each prompt length (or each of your --prompts); write JSON, a Markdown table and a PNG plot."""
+    match, for each prompt length (or each of your --prompts); write JSON, a Markdown table and a PNG plot.
+    With --concurrency: the same for many clients at once, per number of concurrent streams."""
     from ggufbridge.runtime import benchmark as bn
     from ggufbridge.runtime.recipes import MAX_DRAFT_N
 
+    if concurrency is not None:
+        _concurrency(model, concurrency, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
+                     repeats, threads, out, llama_bin, timeout)
+        return
     prompts = bn.load_prompts(prompts_file) if prompts_file else None
-    lengths = bn.parse_lengths(prompt_lengths)
+    lengths = bn.parse_lengths(prompt_lengths or "1k,2k,4k,8k")
     sweep = bn.parse_n_max(draft_n_max, MAX_DRAFT_N) if draft_n_max else []
     if sweep and not draft:
         raise click.UsageError("--draft-n-max needs --draft")
@@ -48,5 +60,32 @@ def command(model, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name
                       on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True))
     paths = bn.write_outputs(result, dest)
     click.echo(bn.markdown(result))
+    for kind, p in paths.items():
+        click.echo(f"{kind}: {p}")
+
+
+def _concurrency(model, levels_text, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
+                 repeats, threads, out, llama_bin, timeout):
+    """bench --concurrency (`ggufbridge.runtime.concurrency.bench_concurrency`)."""
+    from ggufbridge.runtime import benchmark as bn
+    from ggufbridge.runtime import concurrency as cc
+
+    for flag, given in (("--prompts", prompts_file), ("--draft-n-max", draft_n_max), ("--repeats", repeats != 1)):
+        if given:
+            raise click.UsageError(f"{flag} does not go with --concurrency")
+    levels = cc.parse_levels(levels_text)
+    lengths = bn.parse_lengths(prompt_lengths or "1k")
+    if len(lengths) != 1:
+        raise click.UsageError(f"--concurrency takes one --prompt-lengths value, found {prompt_lengths!r}")
+    dest = Path(out) if out else bn.default_dir(model)
+    with click.progressbar(length=len(levels) * (2 if draft else 1), label="concurrency levels",
+                           file=sys.stderr) as bar:
+        result = cc.bench_concurrency(model, levels=levels, prompt_tokens=lengths[0], n_predict=n_predict,
+                                      draft=draft, recipe=recipe_name, threads=threads, log_dir=dest,
+                                      llama_bin=llama_bin, timeout=timeout,
+                                      on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True),
+                                      on_level=lambda mode, level: bar.update(1))
+    paths = cc.write_outputs(result, dest)
+    click.echo(cc.markdown(result))
     for kind, p in paths.items():
         click.echo(f"{kind}: {p}")

@@ -22,7 +22,8 @@ def _say(line: str) -> None:
 @opt.recipe()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
-@opt.ctx()
+@opt.ctx(help="Context size per slot (default: the plan's).")
+@opt.parallel()
 @click.option("--api-key", default=None, envvar="GGUFBRIDGE_API_KEY", help="Require this bearer key.")
 @click.option("--rpc", default=None, metavar="HOST:PORT[,...]|local",
               help="RPC worker endpoints (spark-x2), or `local`: start the recipe's workers on this machine on "
@@ -38,11 +39,12 @@ def _say(line: str) -> None:
                    "spec or a read-only folder).")
 @opt.timeout()
 @opt.think
-def command(model, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, media_path, dry_run,
-            log_path, timeout, think, reasoning_budget):
+def command(model, recipe_name, draft, host, port, ctx, parallel, api_key, rpc, threads, llama_bin, media_path,
+            dry_run, log_path, timeout, think, reasoning_budget):
     """Serve MODEL with llama-server, OpenAI-compatible under /v1. MODEL: an OUT_DIR of `ggufbridge convert`, a folder
     of GGUF files, a .gguf file (with --mmproj / --draft FILE), or hf://ORG/REPO[:QUANT]."""
-    end = serve(model, recipe=recipe_name, draft=draft, host=host, port=port, ctx=ctx, api_key=api_key, rpc=rpc,
+    end = serve(model, recipe=recipe_name, draft=draft, host=host, port=port, ctx=ctx, parallel=parallel,
+                api_key=api_key, rpc=rpc,
                 threads=threads, llama_bin=llama_bin, media_path=media_path, think=think,
                 reasoning_budget=reasoning_budget, dry_run=dry_run, log_path=log_path, timeout=timeout,
                 say=_say, warn=lambda line: click.echo(line, err=True))

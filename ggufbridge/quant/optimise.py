@@ -167,7 +167,9 @@ def plan_for_hardware(src, sens: Sensitivity, hardware: str, ctx: int) -> FitPla
 
     def fits(plan: FitPlan) -> bool:
         shape = base.with_tensor_bytes(plan.tensor_bytes.items())  # the quantised file, as the planner sees it
-        p = evaluate(shape, hw, ctx=ctx, ngl=base.n_layer + 1, n_cpu_moe=0)
+        # one slot of `ctx` tokens: the fit is for the model and its context; serving more slots (the recipe's
+        # server.parallel, --parallel) is planned when serving, which then shortens each slot's context if needed
+        p = evaluate(shape, hw, ctx=ctx, ngl=base.n_layer + 1, n_cpu_moe=0, slots=1)
         return all(pool.fits for pool in p.pools if pool.kind == "gpu")
 
     hi = sum(max(o.bytes for o in opts) for opts in unit_options(sens).values()) + 2 * sum(

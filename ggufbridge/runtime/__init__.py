@@ -1,9 +1,10 @@
 """Running converted folders with the pinned llama.cpp: what `serve`, `run` and `bench` call, callable from Python.
 
-    from ggufbridge.runtime import serve, run_once, bench
+    from ggufbridge.runtime import serve, run_once, bench, bench_concurrency
     run_once("OUT", "Describe this", images=["photo.jpg"])      # -> the answer's text
     bench("OUT", prompt_lengths=[1024], draft=True)            # -> the result bench.json holds
-    serve("OUT", recipe="spark", say=print)                     # blocks until SIGINT/SIGTERM
+    bench_concurrency("OUT", levels=[1, 2, 4, 8])               # -> the result concurrency.json holds
+    serve("OUT", recipe="spark", parallel=4, say=print)         # blocks until SIGINT/SIGTERM
 
 They are imported on first use, so that importing one runtime module does not load them all.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib
 
 _API = {"serve": "ggufbridge.runtime.serving", "run_once": "ggufbridge.runtime.oneshot",
-        "bench": "ggufbridge.runtime.benchmark"}
+        "bench": "ggufbridge.runtime.benchmark", "bench_concurrency": "ggufbridge.runtime.concurrency"}
 __all__ = sorted(_API)
 
 

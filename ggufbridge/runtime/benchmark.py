@@ -157,7 +157,8 @@ def bench(model: "str | Path | ModelSpec", *, prompt_lengths: list[int] = (1024,
     if sweep and not draft:
         raise GGUFBridgeError("--draft-n-max needs --draft")
     ctx = context_for(lengths, prompts, n_predict)
-    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    # one request at a time: one slot
+    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0, parallel=1)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
     dest = Path(log_dir) if log_dir else default_dir(model)

@@ -8,6 +8,18 @@ Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
   `(conv_kernel-1)·(inner_size + 2·group_count·state_size)` and delta state `state_size·inner_size` elements,
   both F32 (src/llama-model.cpp:2756-2773; src/llama-hparams.cpp:208-258), times `1 + n_rs_seq` rows, where
   n_rs_seq = --spec-draft-n-max when a DSpark draft is attached (src/llama-memory-recurrent.cpp:101).
+* Slots (-np N, issue 28): each slot gets the recipe's context and its own recurrent state; the KV cache is one
+  unified pool of N x context cells (`-c N*ctx --kv-unified --kv-unified-per-slot ctx`), which costs the same bytes
+  as N separate streams (src/llama-kv-cache.cpp:233-234: a non-unified cache is `kv_size = n_ctx/N` cells times N
+  streams; src/llama-context.cpp:292-306) but lets one ubatch carry any set of busy slots: the hybrid memory splits
+  a batch with split_equal(sequential = !unified) (src/llama-memory-hybrid.cpp:81-89), and a sequential split takes
+  only consecutive sequence ids (src/llama-batch.cpp:570-572), so separate streams decode busy slots {0, 2, 3} in
+  two graph passes. --kv-unified-per-slot caps each slot at its context (tools/server/server-context.cpp:4008-4016),
+  so no slot can take another's share of the pool. The draft context copies n_ctx, n_seq_max and kv_unified from
+  the target (common/speculative.cpp:2518-2531): its KV is a pool of the same cells.
+* Context checkpoints (host memory): llama-server keeps up to 32 (`--ctx-checkpoints`, common/common.h:631) copies
+  of each slot's recurrent state in host RAM (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent part only,
+  src/llama-memory-hybrid.cpp:190-195; tools/server/server-context.cpp:2290-2351); budgeted in full per slot.
 * Compute buffers (measured: docs/benchmarks.md, "Compute buffers"): per device that runs layers,
   `ubatch · compute_token_kib` (the graph's activations, linear in -ub; the recipe's figure, measured at the real
   shape for its backend) + `2 · ubatch · cells` (the F16 attention mask of flash attention) + for a quantised KV cache
@@ -15,6 +27,10 @@ Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
   routed-expert tensor left in host memory by --n-cpu-moe (copied to the GPU for each batch); on the host of a GPU
   run, `ubatch · (2 · cells + 8 · n_embd)` (the mask and inputs staged in pinned memory); plus `context_mib` per GPU
   (CUDA context and library workspaces: the memory llama-server lists as "unaccounted"; an RPC worker has one too).
+  Several slots add `2 · slots · (1 + n_rs_seq)` copies of one recurrent layer's state (the reserved graph gathers
+  every slot's state and snapshots; measured on CPU at the real recurrent shapes, tests/test_plan_runtime.py: the
+  runtime's growth from one slot stays under it), and the draft's compute buffer is its own mask,
+  `2 · ubatch · cells`.
 * -ngl N offloads the last N blocks, the output head too when N > n_layer; token_embd stays on the host;
   --n-cpu-moe N keeps the routed experts of blocks 0..N-1 in host memory; RPC devices come first in the device
   list (src/llama.cpp:275) and layers are split over devices in order, proportionally to --tensor-split.
@@ -37,6 +53,7 @@ from ggufbridge.runtime.recipes import Recipe, kv_block
 GIB = 1024**3
 MIB = 1024**2
 KV_PAD = 256
+CTX_CHECKPOINTS = 32  # llama-server's --ctx-checkpoints default: recurrent-state copies per slot in host RAM
 EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch)?exps\.")
 BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
@@ -309,23 +326,42 @@ class MemoryPlan:
     figures: dict
     notes: list[str]
     layers: list[str] = field(default_factory=list)  # pool of each block, then of the output layer
+    slots: int = 1  # -np: each slot has `ctx` tokens of context and its own recurrent state
 
     @property
     def fits(self) -> bool:
         return all(p.fits for p in self.pools)
 
+    @property
+    def kv_cells(self) -> int:
+        """Cells of the KV pool: every slot's context, each padded to 256 as the runtime pads -c."""
+        return self.slots * _pad(self.ctx)
+
+    def context_args(self) -> list[str]:
+        """llama-server's -c / -np for this plan. One slot: -c ctx (the runtime pads it to 256). Several: one unified
+        pool of slots x padded ctx cells, each slot capped at the padded ctx, as much as one slot alone would get
+        (why unified: the module docstring)."""
+        if self.slots == 1:
+            return ["-c", str(self.ctx), "-np", "1"]
+        return ["-c", str(self.kv_cells), "-np", str(self.slots), "--kv-unified",
+                "--kv-unified-per-slot", str(_pad(self.ctx))]
+
     def format(self) -> str:
         f = self.figures
-        lines = [f"memory plan (recipe {self.recipe}): -c {self.ctx} -ngl {self.n_gpu_layers} "
+        lines = [f"memory plan (recipe {self.recipe}): {' '.join(self.context_args())} -ngl {self.n_gpu_layers} "
                  f"--n-cpu-moe {self.n_cpu_moe}" + (f" --tensor-split {','.join(f'{x:g}' for x in self.tensor_split)}"
                                                    if self.tensor_split else ""),
+                 f"  slots: {self.slots} x {self.ctx:,} tokens of context"
+                 + (f" (one unified KV pool of {f['kv_cells']:,} cells)" if self.slots > 1 else ""),
                  f"  KV cache: {f['kv_per_token']:,} B/token x {f['kv_cells']:,} cells = {_gib(f['kv_total'])} "
                  f"({f['attention_layers']} full-attention layers; {f['recurrent_layers']} recurrent layers hold none)",
                  f"  gated-delta-net state: {f['state_per_slot']:,} B per slot x {f['slots']} slot(s) x "
-                 f"{f['state_snapshots']} snapshot(s) = {_gib(f['state_total'])} (independent of context)"]
+                 f"{f['state_snapshots']} snapshot(s) = {_gib(f['state_total'])} (independent of context)",
+                 f"  context checkpoints (host RAM): up to {CTX_CHECKPOINTS} per slot x {f['state_per_slot']:,} B "
+                 f"= {_gib(f['checkpoints_total'])}"]
         if f.get("draft_weights"):
             lines.append(f"  draft: weights {_gib(f['draft_weights'])}, KV {f['draft_kv_per_token']:,} B/token "
-                         f"= {_gib(f['draft_kv_total'])}")
+                         f"= {_gib(f['draft_kv_total'])}, attention mask {_gib(f['draft_mask'])}")
         if f.get("mmproj"):
             lines.append(f"  mmproj: {_gib(f['mmproj'])}")
         if len(set(self.layers)) > 1:
@@ -338,7 +374,8 @@ class MemoryPlan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"recipe": self.recipe, "ctx": self.ctx, "n_gpu_layers": self.n_gpu_layers,
+        return {"recipe": self.recipe, "ctx": self.ctx, "slots": self.slots, "kv_cells": self.kv_cells,
+                "server_context_args": self.context_args(), "n_gpu_layers": self.n_gpu_layers,
                 "n_cpu_moe": self.n_cpu_moe, "tensor_split": self.tensor_split, "fits": self.fits,
                 "figures": self.figures, "notes": self.notes, "layers": self.layers,
                 "pools": [{"name": p.name, "budget": p.budget, "use": p.use, "total": p.total} for p in self.pools]}
@@ -380,6 +417,10 @@ def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool]:
     return rpc + gpus, host
 
 
+def _pad(ctx: int) -> int:
+    return -(-ctx // KV_PAD) * KV_PAD
+
+
 def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
@@ -410,8 +451,10 @@ def _assign(devices: list[Pool], split: list[float] | None, n_layer: int, ngl: i
 
 
 def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_moe: int,
-             draft: DraftShape | None = None, mmproj_bytes: int = 0, rpc_workers: int = 0) -> MemoryPlan:
-    """Bytes per device for one setting. Does not search; see `make_plan`."""
+             draft: DraftShape | None = None, mmproj_bytes: int = 0, rpc_workers: int = 0,
+             slots: int | None = None) -> MemoryPlan:
+    """Bytes per device for one setting (`ctx` tokens per slot, `slots` slots: default the recipe's
+    server.parallel). Does not search; see `make_plan`."""
     srv, drf = recipe.server, recipe.draft
     devices, host = _pools(recipe, rpc_workers)
     notes: list[str] = []
@@ -419,9 +462,10 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     split = _tensor_split(devices)
     where = _assign(devices, split, target.n_layer, ngl)
     dev = [devices[w] if w is not None else host for w in where[:-1]]
-    cells = -(-ctx // KV_PAD) * KV_PAD
+    slots = srv["parallel"] if slots is None else slots
+    cells = slots * _pad(ctx)  # the KV pool (MemoryPlan.kv_cells); the draft's and the attention mask's extent too
     n_rs_seq = drf["n_max"] if draft else 0
-    slots, snapshots = srv["parallel"], 1 + n_rs_seq
+    snapshots = 1 + n_rs_seq
     tk, tv = srv["cache_type_k"], srv["cache_type_v"]
 
     host.use["weights"] += target.input_bytes
@@ -443,29 +487,36 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
         "attention_layers": len(target.attention_layers), "recurrent_layers": len(target.recurrent_layers),
         "state_per_slot": target.state_bytes_per_slot(), "slots": slots, "state_snapshots": snapshots,
         "state_total": target.state_bytes_per_slot() * slots * snapshots,
+        "checkpoints_total": target.state_bytes_per_slot() * slots * CTX_CHECKPOINTS,
         "target_weights": target.weight_bytes, "mmproj": mmproj_bytes,
     }
+    host.use["state"] += figures["checkpoints_total"]
     if draft is not None:
         dpool = devices[-1] if devices and drf["n_gpu_layers"] != 0 else host
         dkv = draft.kv_bytes_per_token(drf["cache_type_k"], drf["cache_type_v"])
-        dpool.use["draft"] += draft.weight_bytes + dkv * cells  # the draft context has the target's n_ctx
-        figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells)
+        # the draft context has the target's n_ctx: its KV and its attention mask (2 bytes per -ub token and cell,
+        # the whole of its compute buffer beside a constant) span the pool
+        dpool.use["draft"] += draft.weight_bytes + dkv * cells + 2 * srv["ubatch"] * cells
+        figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells,
+                       draft_mask=2 * srv["ubatch"] * cells)
         if draft.block_size is not None and drf["n_max"] > draft.block_size:
             notes.append(f"draft.n_max {drf['n_max']} exceeds the draft's block_size {draft.block_size}; "
                          f"the runtime clamps it")
     if mmproj_bytes:
         local_gpus = [d for d in devices if d.kind == "gpu"]
         (local_gpus[0] if local_gpus and srv["mmproj_offload"] else host).use["mmproj"] += mmproj_bytes
-    _add_compute(recipe, target, devices, host, dev + [out_pool], cells, n_cpu_moe)
+    _add_compute(recipe, target, devices, host, dev + [out_pool], cells, n_cpu_moe,
+                 slot_states=slots * snapshots if slots > 1 else 0)
     return MemoryPlan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
                 tensor_split=split, pools=pools, figures=figures, notes=notes,
-                layers=[d.name for d in dev] + [out_pool.name])
+                layers=[d.name for d in dev] + [out_pool.name], slots=slots)
 
 
 def _add_compute(recipe: Recipe, target: TargetShape, devices: list[Pool], host: Pool, dev: list[Pool], cells: int,
-                 n_cpu_moe: int) -> None:
+                 n_cpu_moe: int, slot_states: int = 0) -> None:
     """Compute buffers per pool (model in the module docstring), plus the recipe's fixed compute_mib per pool
-    (a recipe without compute_token_kib has only that: 1024 MiB unless it says otherwise)."""
+    (a recipe without compute_token_kib has only that: 1024 MiB unless it says otherwise). `slot_states`: slots x
+    snapshots when there are several slots (0 for one, which the per-token figure covers)."""
     mem, srv = recipe.memory, recipe.server
     fixed = mem["compute_mib"] if mem["compute_mib"] is not None else (0 if mem["compute_token_kib"] else 1024)
     for p in list(devices) + [host]:
@@ -474,7 +525,8 @@ def _add_compute(recipe: Recipe, target: TargetShape, devices: list[Pool], host:
     if mem["compute_token_kib"] is None:
         return
     ub = srv["ubatch"]
-    graph = int(ub * mem["compute_token_kib"] * 1024) + 2 * ub * cells
+    # several slots: the reserved graph gathers one recurrent layer's state for every slot and snapshot, in and out
+    graph = int(ub * mem["compute_token_kib"] * 1024) + 2 * ub * cells + 2 * slot_states * target.state_layer_bytes()
     runs = [d for d in devices if any(x is d for x in dev)]
     if not runs:  # CPU only: the host runs the graph
         host.use["compute"] += graph
@@ -499,17 +551,20 @@ def _choices(setting, n_layer: int, descending: bool) -> list[int]:
 
 
 def make_plan(target: TargetShape, recipe: Recipe, *, ctx: int | None = None, draft: DraftShape | None = None,
-              mmproj_bytes: int = 0, rpc_workers: int | None = None) -> MemoryPlan:
+              mmproj_bytes: int = 0, rpc_workers: int | None = None, slots: int | None = None) -> MemoryPlan:
     """Pick -c / -ngl / --n-cpu-moe so everything fits every device; raise PlanError when nothing does.
 
-    Search order (first fit wins): the recipe's context (at most the model's trained context, and at most
-    draft.ctx_cap with a draft), then halved down to server.min_ctx (an explicit `ctx` is never changed); per
-    context, most layers on the GPU first and, per layer count, the fewest blocks whose experts stay in host
-    memory.
+    `slots` (-np; default the recipe's server.parallel) is never changed: each slot gets the chosen context. Search
+    order (first fit wins): the recipe's context (at most the model's trained context, and at most draft.ctx_cap
+    with a draft), then halved down to server.min_ctx (an explicit `ctx` is never changed); per context, most
+    layers on the GPU first and, per layer count, the fewest blocks whose experts stay in host memory. When the
+    slots do not fit, the error names how many do.
     """
     srv = recipe.server
+    slots = srv["parallel"] if slots is None else slots
+    if slots < 1:
+        raise PlanError(f"slots (-np): expected at least 1, found {slots}")
     workers = recipe.rpc["workers"] if rpc_workers is None else rpc_workers
-    has_devices = bool(recipe.memory["gpu_gib"]) or workers > 0
     notes = []
     if ctx is not None:
         contexts = [ctx]
@@ -526,22 +581,56 @@ def make_plan(target: TargetShape, recipe: Recipe, *, ctx: int | None = None, dr
         while c > lo:
             c = max(c // 2, lo)
             contexts.append(c)
+    kw = dict(draft=draft, mmproj_bytes=mmproj_bytes, rpc_workers=workers)
+    found, last = _search(target, recipe, contexts, slots, **kw)
+    if found is not None:
+        found.notes += notes
+        if found.ctx != contexts[0]:
+            found.notes.append(f"context reduced from {contexts[0]} to {found.ctx} to fit")
+        if slots > 1 and found.n_cpu_moe:
+            found.notes.append(f"{slots} slots keep the routed experts of {found.n_cpu_moe} block(s) in host memory "
+                               f"(slower decoding); a smaller --ctx per slot or fewer --parallel slots keeps more "
+                               f"of them on the GPU")
+        return found
+    over = [p for p in last.pools if not p.fits]
+    detail = "; ".join(f"{p.name} needs {_gib(p.total)} of {_gib(p.budget)} "
+                       f"({', '.join(f'{k} {_gib(v)}' for k, v in p.use.items() if v)})" for p in over)
+    fewer = _most_slots(target, recipe, contexts, slots - 1, **kw) if slots > 1 else None
+    if fewer is not None:
+        raise PlanError(f"{slots} slots (-np {slots}) do not fit recipe {recipe.name}: even at {last.ctx} tokens "
+                        f"each, {detail}; at most {fewer.slots} slot(s) fit, at {fewer.ctx} tokens each "
+                        f"(--parallel {fewer.slots})")
+    raise PlanError(f"the model does not fit recipe {recipe.name}: even at -c {last.ctx} -ngl {last.n_gpu_layers} "
+                    f"--n-cpu-moe {last.n_cpu_moe}, {detail}; use a smaller quant, a smaller --ctx, or a recipe "
+                    f"with more memory")
+
+
+def _search(target: TargetShape, recipe: Recipe, contexts: list[int], slots: int,
+            **kw) -> tuple[MemoryPlan | None, MemoryPlan]:
+    """(the first setting that fits, in make_plan's order, or None; the last one tried)."""
+    srv = recipe.server
+    has_devices = bool(recipe.memory["gpu_gib"]) or kw["rpc_workers"] > 0
     ngls = _choices(srv["n_gpu_layers"], target.n_layer, True) if has_devices else [0]
     cmoes = _choices(srv["n_cpu_moe"], target.n_layer, False) if has_devices else [0]
     last = None
     for c in contexts:
         for ngl in ngls:
             for ncm in cmoes:
-                last = evaluate(target, recipe, ctx=c, ngl=ngl, n_cpu_moe=ncm, draft=draft,
-                                mmproj_bytes=mmproj_bytes, rpc_workers=workers)
+                last = evaluate(target, recipe, ctx=c, ngl=ngl, n_cpu_moe=ncm, slots=slots, **kw)
                 if last.fits:
-                    last.notes += notes
-                    if c != contexts[0]:
-                        last.notes.append(f"context reduced from {contexts[0]} to {c} to fit")
-                    return last
-    over = [p for p in last.pools if not p.fits]
-    detail = "; ".join(f"{p.name} needs {_gib(p.total)} of {_gib(p.budget)} "
-                       f"({', '.join(f'{k} {_gib(v)}' for k, v in p.use.items() if v)})" for p in over)
-    raise PlanError(f"the model does not fit recipe {recipe.name}: even at -c {last.ctx} -ngl {last.n_gpu_layers} "
-                    f"--n-cpu-moe {last.n_cpu_moe}, {detail}; use a smaller quant, a smaller --ctx, or a recipe "
-                    f"with more memory")
+                    return last, last
+    return None, last
+
+
+def _most_slots(target: TargetShape, recipe: Recipe, contexts: list[int], top: int, **kw) -> MemoryPlan | None:
+    """The plan with the most slots (at most `top`) that fits, or None when not even one does. Memory grows
+    with every slot, so a binary search over the count is exact."""
+    best, lo, hi = None, 1, top
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found, _ = _search(target, recipe, contexts, mid, **kw)
+        if found is not None:
+            best, lo = found, mid + 1
+        else:
+            hi = mid - 1
+    return best

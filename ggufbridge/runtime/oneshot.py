@@ -41,7 +41,7 @@ def run_once(model: "str | Path | ModelSpec", prompt: str, *, recipe: str = "cpu
 
         for path in images:
             check_image(path)
-    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0, parallel=1)  # one request
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
     opts = sv.ServeOptions(draft=draft, think=think, reasoning_budget=reasoning_budget)

@@ -48,11 +48,13 @@ class ServeSetup:
 
 
 def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool = False, host: str = "127.0.0.1",
-          port: int = 8080, ctx: int | None = None, api_key: str | None = None, rpc: str | None = None,
+          port: int = 8080, ctx: int | None = None, parallel: int | None = None, api_key: str | None = None,
+          rpc: str | None = None,
           threads: int | None = None, llama_bin: str | None = None, media_path: str | Path | None = None,
           think: bool | None = None, reasoning_budget: int | None = None, dry_run: bool = False) -> ServeSetup:
-    """Load, plan and build the command. `rpc` is `HOST:PORT[,...]` or `local`; with `dry_run` and no `rpc`, a
-    recipe's workers are shown as placeholders (WORKERi:PORT)."""
+    """Load, plan and build the command. `ctx` is per slot, `parallel` the slots (default the recipe's). `rpc` is
+    `HOST:PORT[,...]` or `local`; with `dry_run` and no `rpc`, a recipe's workers are shown as placeholders
+    (WORKERi:PORT)."""
     rec = load_recipe(recipe)
     workers = rec.rpc["workers"]
     local = rpc is not None and rpc.strip().lower() == "local"
@@ -64,7 +66,17 @@ def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool =
         endpoints = [f"WORKER{i}:{rec.rpc['default_port']}" for i in range(workers)]
     else:
         endpoints = sv.parse_rpc(rpc, workers)
-    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
+    # drafting on several slots can change a stream's greedy output in the pinned runtime (docs/benchmarks.md,
+    # "Drafting with several streams"): with --draft the default is one slot, and more are served only when asked
+    fault = draft and parallel is None and rec.server["parallel"] > 1
+    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers,
+                parallel=1 if fault else parallel)
+    why = "the pinned runtime can change a stream's greedy output when several slots draft (docs/benchmarks.md)"
+    if fault:
+        s.plan.notes.append(f"--draft serves one slot (the recipe has {rec.server['parallel']}): {why}; --parallel N "
+                            f"serves more")
+    elif draft and s.plan.slots > 1:
+        s.plan.notes.append(f"--draft on {s.plan.slots} slots: {why}")
     extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
     if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
         from ggufbridge.vision import ffshim

@@ -31,8 +31,10 @@ class Session:
 
 
 def prepare(out_dir: "str | Path | ModelSpec", recipe_name: str, *, draft: bool = False, ctx: int | None = None,
-            llama_bin: str | None = None, rpc_workers: int | None = None, need_runtime: bool = True) -> Session:
-    """Load and plan; with need_runtime, also locate and check the runtime (problems are listed, not raised).
+            llama_bin: str | None = None, rpc_workers: int | None = None, need_runtime: bool = True,
+            parallel: int | None = None) -> Session:
+    """Load and plan (`parallel` slots, default the recipe's server.parallel); with need_runtime, also locate and
+    check the runtime (problems are listed, not raised).
     `out_dir`: an OUT_DIR, a folder of GGUFs, a .gguf file or a hub spec, or a ModelSpec naming the projector and
     draft files too (runtime.artifacts)."""
     recipe = load_recipe(recipe_name)
@@ -47,7 +49,8 @@ def prepare(out_dir: "str | Path | ModelSpec", recipe_name: str, *, draft: bool 
         pairing.check_draft([read_header(p) for p in art.target.files], read_header(art.draft.path))
         dshape = pl.draft_from_gguf(art.draft.path)
     mmproj = pl.gguf_tensor_bytes(art.mmproj.path, art.mmproj.parts) if art.mmproj else 0
-    plan = pl.make_plan(target, recipe, ctx=ctx, draft=dshape, mmproj_bytes=mmproj, rpc_workers=rpc_workers)
+    plan = pl.make_plan(target, recipe, ctx=ctx, draft=dshape, mmproj_bytes=mmproj, rpc_workers=rpc_workers,
+                        slots=parallel)
     s = Session(recipe, art, target, dshape, plan, None)
     if not need_runtime:
         return s

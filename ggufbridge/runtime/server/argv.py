@@ -55,7 +55,7 @@ def model_alias(art: Artifacts) -> str:
 
 def _common_args(recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOptions) -> list[str]:
     srv, drf = recipe.server, recipe.draft
-    a = ["-m", str(art.target.path), "-c", str(plan.ctx), "-b", str(srv["batch"]), "-ub", str(srv["ubatch"]),
+    a = ["-m", str(art.target.path), "-b", str(srv["batch"]), "-ub", str(srv["ubatch"]),
          "-fa", srv["flash_attn"], "-ctk", srv["cache_type_k"], "-ctv", srv["cache_type_v"],
          "-ngl", str(plan.n_gpu_layers), "--fit", "off"]  # --fit off: run exactly the planned settings
     if plan.n_cpu_moe:
@@ -122,8 +122,8 @@ def reasoning_args(recipe: Recipe, opts: ServeOptions) -> list[str]:
 
 def server_argv(server_bin: str | Path, recipe: Recipe, plan: MemoryPlan, art: Artifacts,
                 opts: ServeOptions) -> list[str]:
-    a = [str(server_bin), *_common_args(recipe, plan, art, opts), "--host", opts.host, "--port", str(opts.port),
-         "-np", str(recipe.server["parallel"]), "-a", model_alias(art), "--jinja",
+    a = [str(server_bin), *plan.context_args(), *_common_args(recipe, plan, art, opts), "--host", opts.host,
+         "--port", str(opts.port), "-a", model_alias(art), "--jinja",
          # thoughts in message.reasoning_content (OpenAI clients' field), not inline <think> text in content
          "--reasoning-format", "deepseek"]
     if opts.metrics:
@@ -136,8 +136,10 @@ def server_argv(server_bin: str | Path, recipe: Recipe, plan: MemoryPlan, art: A
 def cli_argv(cli_bin: str | Path, recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOptions, *, prompt: str,
              n_predict: int, temp: float, seed: int, out_file: str | Path) -> list[str]:
     """llama-cli in this tree is a chat client; -st answers one turn and exits, -o writes the transcript."""
-    return [str(cli_bin), *_common_args(recipe, plan, art, opts), "-p", prompt, "-st", "-n", str(n_predict),
-            "--temp", f"{temp:g}", "--seed", str(seed), "-o", str(out_file), "--jinja"]
+    if plan.slots != 1:
+        raise ValueError(f"llama-cli runs one sequence; plan it with one slot, not {plan.slots}")
+    return [str(cli_bin), "-c", str(plan.ctx), *_common_args(recipe, plan, art, opts), "-p", prompt, "-st",
+            "-n", str(n_predict), "--temp", f"{temp:g}", "--seed", str(seed), "-o", str(out_file), "--jinja"]
 
 
 def printable(argv: list[str]) -> str:

@@ -89,6 +89,42 @@ def complete_stream(url: str, ids: list[int] | str, n_predict: int, api_key: str
     return (ttft if ttft is not None else time.perf_counter() - t0), text, timings
 
 
+def chat_stream(url: str, prompt: str, n_predict: int, t0: float, api_key: str | None = None,
+                timeout: float = 3600.0) -> tuple[float, float | None, float | None, str, dict, dict]:
+    """One greedy streamed chat completion through the OpenAI API, as a client sees it: (start, first content,
+    last content, all perf_counter() - t0; text; usage; the server's timings). EOS is ignored and the prompt cache
+    is not used."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n_predict, "temperature": 0.0,
+            "top_k": 1, "seed": 0, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True, "cache_prompt": False}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    start = time.perf_counter() - t0
+    first = last = None
+    text, usage, timings = "", {}, {}
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for raw in r:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise ServerError(f"the server failed a streamed request: {str(chunk['error'])[:200]}")
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+                if piece:
+                    now = time.perf_counter() - t0
+                    first = now if first is None else first
+                    last = now
+                    text += piece
+            usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
+    return start, first, last, text, usage, timings
+
+
 def metrics(url: str, api_key: str | None = None) -> dict[str, float]:
     """The server's Prometheus counters (llamacpp:NAME VALUE) by NAME; {} when /metrics is off."""
     status, text = http_json(url + "/metrics", api_key=api_key)

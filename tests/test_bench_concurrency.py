@@ -1,0 +1,96 @@
+"""`bench --concurrency` (issue 28): the bookkeeping of concurrent streamed OpenAI requests, not the timings.
+
+The end-to-end test runs the command on the converted demo-sized model (target-only and drafted, one server each
+with as many slots as the highest level) and recomputes every figure of concurrency.json from the per-stream
+records the command kept: aggregate = the sum of the per-stream rates, each rate from its own stream's token count
+and times, TTFT percentiles from the level's streams; every stream generated exactly -n tokens, the streams of a
+level really ran at the same time, and drafted text equals target-only text per stream.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ggufbridge.cli import cli
+from ggufbridge.errors import GGUFBridgeError
+from ggufbridge.runtime import concurrency as cc
+
+from _runtime_models import converted
+
+
+@pytest.mark.parametrize("text,levels", [("1,2,4,8,16", [1, 2, 4, 8, 16]), ("4, 1", [1, 4]), ("256", [256])])
+def test_levels_parse(text, levels):
+    assert cc.parse_levels(text) == levels
+
+
+@pytest.mark.parametrize("text", ["", "0", "1,x", "1,1", "257", "-2"])
+def test_bad_levels_are_refused(text):
+    with pytest.raises(GGUFBridgeError, match="--concurrency"):
+        cc.parse_levels(text)
+
+
+def test_percentile_matches_numpy():
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 7, 16):
+        xs = list(rng.random(n))
+        for q in (0, 50, 95, 100):
+            assert cc.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert cc.percentile([], 50) is None
+
+
+def test_level_summary_from_streams():
+    mk = lambda i, start, first, end, n: cc.Stream("target", 3, i, start, first, end, n, 40, "x")  # noqa: E731
+    streams = [mk(0, 0.0, 0.5, 2.5, 41), mk(1, 0.0, 1.0, 5.0, 41), mk(2, 0.1, 0.3, 0.3, 1)]
+    row = cc.summarize_level(streams, wall=5.0)
+    assert row["per_stream_decode_tok_s"] == [20.0, 10.0, None]  # one token: no decode rate
+    assert row["aggregate_decode_tok_s"] == 30.0 and row["mean_stream_decode_tok_s"] == 15.0
+    assert row["ttft_p50_s"] == pytest.approx(0.5) and row["ttft_p95_s"] == pytest.approx(0.95)
+    assert row["completion_tokens"] == 83 and row["output_tok_s"] == pytest.approx(83 / 5.0)
+
+
+@pytest.mark.slow
+def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
+    model = converted(make_ckpt, tmp_path_factory, with_draft=True)
+    dest = tmp_path / "b"
+    n = 16
+    res = CliRunner().invoke(cli, ["bench", str(model), "--concurrency", "1,2,4", "--draft", "--prompt-lengths", "48",
+                                   "-n", str(n), "--threads", "2", "-o", str(dest)])
+    assert res.exit_code == 0, res.output
+    result = json.loads((dest / "concurrency.json").read_text())
+    assert (dest / "concurrency.png").stat().st_size > 0
+    assert "| target | 4 |" in (dest / "concurrency.md").read_text()
+    for mode in ("target", "draft"):
+        argv = shlex.split(result["commands"][mode])
+        assert argv[argv.index("-np") + 1] == "4" and "--kv-unified" in argv  # max(levels) slots, one pool
+    assert ("--spec-type" in shlex.split(result["commands"]["draft"]),
+            "--spec-type" in shlex.split(result["commands"]["target"])) == (True, False)
+    rows = {(r["mode"], r["streams"]): r for r in result["rows"]}
+    assert set(rows) == {(m, k) for m in ("target", "draft") for k in (1, 2, 4)}
+    for (mode, level), row in rows.items():
+        streams = [s for s in result["streams"] if s["mode"] == mode and s["level"] == level]
+        assert sorted(s["index"] for s in streams) == list(range(level))
+        assert all(s["completion_tokens"] == n and s["prompt_tokens"] >= 48 for s in streams)
+        rates = [(s["completion_tokens"] - 1) / (s["end_s"] - s["first_s"]) for s in streams]
+        assert row["per_stream_decode_tok_s"] == pytest.approx(rates)
+        assert row["aggregate_decode_tok_s"] == pytest.approx(sum(rates))
+        ttfts = [s["first_s"] - s["start_s"] for s in streams]
+        assert row["ttft_p50_s"] == pytest.approx(float(np.percentile(ttfts, 50)))
+        assert row["ttft_p95_s"] == pytest.approx(float(np.percentile(ttfts, 95)))
+        assert row["completion_tokens"] == n * level
+        # the level's streams ran at the same time: every one started before any one finished
+        assert max(s["start_s"] for s in streams) < min(s["end_s"] for s in streams)
+        if mode == "draft":
+            assert row["draft_n"] > 0
+    assert result["greedy_identical"] == {"1": True, "2": True, "4": True}
+
+
+def test_concurrency_refuses_options_it_does_not_take(tmp_path):
+    res = CliRunner().invoke(cli, ["bench", str(tmp_path), "--concurrency", "1,2", "--prompt-lengths", "1k,2k"])
+    assert res.exit_code == 2 and "one --prompt-lengths value" in res.output
+    res = CliRunner().invoke(cli, ["bench", str(tmp_path), "--concurrency", "0"])
+    assert res.exit_code == 2 and "--concurrency" in res.output and "Traceback" not in res.output
