@@ -33,6 +33,10 @@ def command(llama_bin: str | None, python: str | None) -> None:
         click.echo("vision    canvas M-RoPE and MiniCPM-V slicing: yes (patched libmtmd)")
     else:
         click.echo(f"warning: vision: {patches.STOCK_IMAGE_LOSS}", err=True)
+    if rt.has_page:
+        click.echo("page      llama-server's chat page: yes (at the server's address, `ggufbridge serve` prints it)")
+    else:
+        click.echo(f"warning: page: this llama-server has no chat page (API only); {loc.PAGE_HINT}", err=True)
     want = patches.series_hash()
     if carried and rt.info.get("patch_hash") not in (None, want):
         click.echo(f"warning: this runtime carries patch series {rt.info.get('patch_hash')}, this checkout has "

@@ -10,6 +10,7 @@ import click
 from ggufbridge.cli import _options as opt
 from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import lifecycle, patches
+from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
@@ -101,6 +102,10 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
 
     def ready():
         click.echo(f"ready: {srv.url}/v1  (model {sv.model_alias(s.art)}; health {srv.url}/health; log {log})")
+        if s.rt.has_page:
+            click.echo(f"chat page: {srv.url}/" + ("  (it asks for the --api-key)" if api_key else ""))
+        else:
+            click.echo(f"no chat page in this llama-server (API only): {loc.PAGE_HINT}")
         sys.stdout.flush()
 
     try:
