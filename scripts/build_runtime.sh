@@ -73,7 +73,11 @@ fi
 
 # the tree's .git file points at the sdist's submodule repository by a relative path: point it there absolutely so
 # that the build records the pinned commit (llama-server --version) from the patched copy too
-[ -d "$SRC/.git/modules/vendor/llama.cpp" ] && echo "gitdir: $SRC/.git/modules/vendor/llama.cpp" >"$TREE/.git"
+# (rewritten only when it differs: CMake re-runs its configure step when the file changes)
+gitdir="gitdir: $SRC/.git/modules/vendor/llama.cpp"
+if [ -d "$SRC/.git/modules/vendor/llama.cpp" ] && [ "$(cat "$TREE/.git" 2>/dev/null)" != "$gitdir" ]; then
+  echo "$gitdir" >"$TREE/.git"
+fi
 
 args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
@@ -103,7 +107,8 @@ grep -q "\"build_key\": \"$BUILD_KEY\"" "$PREFIX/runtime.json" 2>/dev/null || rm
 # Embedded rather than served from a folder with --path: the server lets a browser fetch the embedded assets
 # without the API key, but would ask it for every file of a --path folder, so the page could not load under
 # --api-key. A new page rebuilds only the generated ui.cpp and relinks llama-server; the build key is unchanged.
-PAGE=$(bash "$(dirname "$0")/build_ui.sh" "$TREE/tools/ui" "$CACHE/ui")
+PAGE=$(bash "$(dirname "$0")/build_ui.sh" "$TREE/tools/ui" "$CACHE/ui") \
+  || { echo "build_runtime: the chat page could not be built: llama-server is built without it" >&2; PAGE=""; }
 UI_KEY=none
 if [ -n "$PAGE" ]; then
   UI_KEY=${PAGE##*/page-}

@@ -83,6 +83,8 @@ def served(make_ckpt, tmp_path_factory, media):
     console = tmp_path_factory.mktemp("page") / "serve.console"
     srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "4096", "--threads", "2", "--api-key", KEY,
                         "--media-path", str(media), timeout=180, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    # serve prints the page's address beside the API's
+    assert f"chat page: {srv.url}/  (it asks for the --api-key)" in console.read_text()
     yield srv, console
     srv.stop()
 
@@ -113,37 +115,66 @@ def _shot(pg, shots: Path, name: str) -> None:
     pg.screenshot(path=str(shots / f"{name}.png"))
 
 
-def _api_prompt_tokens(url: str, content) -> int:
-    status, r = sv.http_json(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
-                                                            "max_tokens": 1, "temperature": 0}, api_key=KEY)
+@pytest.fixture(autouse=True)
+def _shot_on_failure(request, page, shots):
+    """What the page showed when a step failed, beside the steps' screenshots (the call's report is logged before
+    this teardown runs)."""
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed:
+        _shot(page, shots, f"FAILED-{request.node.name}")
+
+
+def _api_prompt_tokens(url: str, content, tools=None) -> int:
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0}
+    if tools:
+        body["tools"] = tools
+    status, r = sv.http_json(url + "/v1/chat/completions", body, api_key=KEY)
     assert status == 200, r
     return r["usage"]["prompt_tokens"]
 
 
-def _send(pg, text: str, files: list[Path] = ()) -> tuple[dict, int]:
-    """Type `text` (attaching `files`), send it, wait for the answer; (the page's request body, the prompt token
-    count the server reported in its streamed answer)."""
+def _send(pg, text: str, files: list[Path] = ()) -> tuple[dict, int, int]:
+    """Type `text` (attaching `files`), send it, wait for the answer; (the page's request body, the prompt and the
+    answer token counts the server reported in the streamed answer's timings)."""
     if files:
         pg.locator("input[type=file]").first.set_input_files([str(f) for f in files])
-        for f in files:  # the attachment's preview is in the form before sending
-            pg.get_by_text(f.name).first.wait_for()
-    box = pg.get_by_placeholder(PLACEHOLDER).first
-    box.click()
+        for f in files:  # the attachment is in the form before sending (a picture as its thumbnail)
+            pg.get_by_text(f.name).or_(pg.get_by_alt_text(f.name)).first.wait_for()
+    box = pg.get_by_placeholder(PLACEHOLDER)
     box.fill(text)
     with pg.expect_response(lambda r: r.url.endswith("/v1/chat/completions") and r.request.method == "POST") as ri:
         box.press("Enter")
     resp = ri.value
     assert resp.status == 200, resp.text()
-    body = resp.request.post_data_json
     events = [json.loads(ln[5:]) for ln in resp.text().splitlines() if ln.startswith("data:") and "{" in ln]
-    usage = [e["usage"] for e in events if e.get("usage")]
-    assert usage, "the streamed answer carried no usage"
-    return body, usage[-1]["prompt_tokens"]
+    t = [e["timings"] for e in events if e.get("timings")][-1]
+    # the page shows the tokens this turn prefilled (prompt_n; the server reuses the cached prefix, cache_n) under
+    # the question, and the answer's under the answer
+    for shown in {t["prompt_n"], t["predicted_n"]}:
+        pg.get_by_role("button", name=f"{shown} tokens", exact=True).first.wait_for()
+    return resp.request.post_data_json, t["prompt_n"] + t["cache_n"], t["predicted_n"]
 
 
-def _parts(body: dict, kind: str) -> list[dict]:
+def _media_turn(pg, url: str, path: Path, prompt: str, page_part: str, api_part: dict):
+    """A new chat with `path` attached: (the page's prompt count, the API's for `api_part` + `prompt`, the API's for
+    `prompt` alone, the page's tools). The page must have sent the file's bytes unchanged as one `page_part`; the
+    API requests carry the tools the page offers (its own; the template renders them into the prompt)."""
+    pg.get_by_role("button", name="New chat").first.click()
+    body, n_page, _ = _send(pg, prompt, [path])
     last = body["messages"][-1]["content"]
-    return [p for p in last if isinstance(p, dict) and p.get("type") == kind] if isinstance(last, list) else []
+    parts = [p for p in last if p.get("type") == page_part]
+    assert len(parts) == 1
+    sent = parts[0][page_part]
+    sent = sent["url"].split(",", 1)[1] if "url" in sent else sent["data"]
+    assert base64.b64decode(sent) == path.read_bytes()
+    tools = body.get("tools")
+    return (n_page, _api_prompt_tokens(url, [api_part, {"type": "text", "text": prompt}], tools),
+            _api_prompt_tokens(url, prompt, tools), tools)
+
+
+def _data_url(path: Path, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
 
 
 def test_wrong_key_refused_then_the_page_opens(page, served, shots):
@@ -151,74 +182,61 @@ def test_wrong_key_refused_then_the_page_opens(page, served, shots):
     page.goto(srv.url + "/")
     page.get_by_role("button", name="Enter API Key").click()
     page.locator("#api-key-input").fill("sk-wrong")
-    page.get_by_role("button", name="Save").click()
+    page.get_by_role("button", name="Save & Retry").click()
     page.get_by_text("Invalid API key").wait_for()
     _shot(page, shots, "01-wrong-key-refused")
     page.locator("#api-key-input").fill(KEY)
-    page.get_by_role("button", name="Save").click()
-    page.get_by_placeholder(PLACEHOLDER).first.wait_for()
+    page.get_by_role("button", name="Save & Retry").click()
+    page.get_by_placeholder(PLACEHOLDER).wait_for()
     _shot(page, shots, "02-page-loaded")
 
 
 def test_typed_prompt_gets_an_answer(page, shots):
-    body, n = _send(page, "Name a river.")
-    assert body["max_tokens"] == MAX_TOKENS and n > 0
-    page.get_by_text("Name a river.").first.wait_for()
+    body, n_prompt, n_answer = _send(page, "Name a river.")
+    assert body["max_tokens"] == MAX_TOKENS and n_prompt > 0 and 0 < n_answer <= MAX_TOKENS
     _shot(page, shots, "03-typed-prompt-answered")
 
 
 def test_attached_png_takes_the_image_path(page, served, media, shots):
-    srv, _ = served
     png = media / "house.png"
-    page.get_by_role("button", name="New chat").first.click()
-    body, n_page = _send(page, "What is in this picture?", [png])
-    images = _parts(body, "image_url")
-    assert len(images) == 1
-    sent = images[0]["image_url"]["url"]
-    assert base64.b64decode(sent.split(",", 1)[1]) == png.read_bytes()  # the page sends the file as it is
-    own = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
-    n_api = _api_prompt_tokens(srv.url, [{"type": "image_url", "image_url": {"url": own}},
-                                         {"type": "text", "text": "What is in this picture?"}])
-    n_text = _api_prompt_tokens(srv.url, "What is in this picture?")
-    assert n_page == n_api and n_api > n_text + 64
+    n_page, n_api, n_text, _ = _media_turn(page, served[0].url, png, "What is in this picture?", "image_url",
+                                           {"type": "image_url", "image_url": {"url": _data_url(png, "image/png")}})
+    assert n_page == n_api > n_text
     _shot(page, shots, "04-image-answered")
 
 
 def test_attached_video_takes_the_video_path(page, served, media, shots):
-    srv, _ = served
     clip = media / "clip.mp4"
-    page.get_by_role("button", name="New chat").first.click()
-    body, n_page = _send(page, "What happens?", [clip])
-    assert len(_parts(body, "input_video")) == 1
-    own = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
-    n_api = _api_prompt_tokens(srv.url, [{"type": "video_url", "video_url": {"url": own}},
-                                         {"type": "text", "text": "What happens?"}])
-    # the same clip named under --media-path: the server reads it from disk, same frames, same count
-    n_file = _api_prompt_tokens(srv.url, [{"type": "video_url", "video_url": {"url": "file://clip.mp4"}},
-                                          {"type": "text", "text": "What happens?"}])
-    n_text = _api_prompt_tokens(srv.url, "What happens?")
-    assert n_page == n_api == n_file and n_api > n_text + 64
+    url = served[0].url
+    n_page, n_api, n_text, tools = _media_turn(page, url, clip, "What happens?", "input_video",
+                                               {"type": "video_url", "video_url": {"url": _data_url(clip, "video/mp4")}})
+    # the same clip named under --media-path: read from disk, the same frames
+    n_file = _api_prompt_tokens(url, [{"type": "video_url", "video_url": {"url": "file://clip.mp4"}},
+                                      {"type": "text", "text": "What happens?"}], tools)
+    assert n_page == n_api == n_file > n_text
     _shot(page, shots, "05-video-answered")
 
 
 def _reasoning(pg, level: str) -> None:
+    """The + menu's Reasoning entry (a submenu, opened from the keyboard: the + button's tooltip covers it)."""
     pg.get_by_role("button", name="Add files, prompts, tools or MCP Servers").click()
-    pg.get_by_text("Reasoning").first.click()
+    pg.get_by_role("menuitem", name="Reasoning").press("ArrowRight")
     pg.get_by_role("menuitem", name=level).click()
     pg.keyboard.press("Escape")
 
 
 def test_thinking_off_hides_and_on_shows_the_reasoning_block(page, shots):
+    block = page.get_by_text("Reasoning", exact=True)
     page.get_by_role("button", name="New chat").first.click()
     _reasoning(page, "Off")
-    body, _ = _send(page, "Why is the sky blue?")
+    body, _, _ = _send(page, "Why is the sky blue?")
     assert body["chat_template_kwargs"]["enable_thinking"] is False
-    page.get_by_text("Why is the sky blue?").first.wait_for()
-    assert page.get_by_text("Reasoning", exact=True).count() == 0
+    assert block.count() == 0
     _shot(page, shots, "06-thinking-off")
     page.get_by_role("button", name="New chat").first.click()
     _reasoning(page, "Low")
-    body, _ = _send(page, "Why is the grass green?")
+    body, _, _ = _send(page, "Why is the grass green?")
     assert body["chat_template_kwargs"]["enable_thinking"] is True
-    page.get_by_text("Reasoning", exact=True).first.wait_for()
+    block.first.click()  # the block opens on the thought (all of the answer here: the budget outlasts max_tokens)
+    assert page.locator(".reasoning-content").first.inner_text().strip()
     _shot(page, shots, "07-thinking-on")
