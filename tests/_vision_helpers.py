@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufbridge.synthetic.vision import SPEC_THW, hf_processor, random_image  # noqa: F401  (the tests' names)
+from ggufbridge.testkit.vision import SPEC_THW, hf_processor, random_image  # noqa: F401  (the tests' names)
 
 
 def hf_crop_features(ref, pixel_values, target_sizes, downsample: str | None = None) -> list[np.ndarray]:

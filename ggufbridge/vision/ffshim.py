@@ -36,7 +36,7 @@ def decoder_dir(cache: Path | None = None, settings=None) -> Path:
     """A folder holding the `ffprobe` and `ffmpeg` programs for `--video-ffmpeg-dir`, bound to this Python (its
     interpreter and ggufbridge) and to the model's video settings (`video.VideoSettings`, default transformers');
     written once per interpreter and settings, atomically."""
-    from ggufbridge.runtime.locate import cache_dir
+    from ggufbridge.files import cache_dir
     from ggufbridge.vision.video import VideoSettings
 
     st = settings or VideoSettings()
