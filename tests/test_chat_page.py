@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import shutil
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -83,7 +84,10 @@ def served(make_ckpt, tmp_path_factory, media):
     console = tmp_path_factory.mktemp("page") / "serve.console"
     srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "4096", "--threads", "2", "--api-key", KEY,
                         "--media-path", str(media), timeout=180, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    # serve prints the page's address beside the API's
+    # serve prints the page's address beside the API's (once /health answers: wait for its ready line)
+    deadline = time.monotonic() + 60
+    while "ready: " not in console.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert f"chat page: {srv.url}/  (it asks for the --api-key)" in console.read_text()
     yield srv, console
     srv.stop()
@@ -208,8 +212,8 @@ def test_attached_png_takes_the_image_path(page, served, media, shots):
 def test_attached_video_takes_the_video_path(page, served, media, shots):
     clip = media / "clip.mp4"
     url = served[0].url
-    n_page, n_api, n_text, tools = _media_turn(page, url, clip, "What happens?", "input_video",
-                                               {"type": "video_url", "video_url": {"url": _data_url(clip, "video/mp4")}})
+    as_data = {"type": "video_url", "video_url": {"url": _data_url(clip, "video/mp4")}}
+    n_page, n_api, n_text, tools = _media_turn(page, url, clip, "What happens?", "input_video", as_data)
     # the same clip named under --media-path: read from disk, the same frames
     n_file = _api_prompt_tokens(url, [{"type": "video_url", "video_url": {"url": "file://clip.mp4"}},
                                       {"type": "text", "text": "What happens?"}], tools)

@@ -17,6 +17,7 @@ from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import lifecycle, patches
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.locate import PAGE_HINT
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import Session, prepare
 
@@ -136,6 +137,12 @@ def serve(out_dir: str | Path, *, log_path: str | Path | None = None, timeout: f
         say(s.plan.format())
 
     def ready():
+        # the page (llama-server's own web UI, embedded by scripts/build_runtime.sh) first: `ready:` stays the last
+        # line, the one scripts reading our output wait for
+        if s.rt.has_page:
+            say(f"chat page: {srv.url}/" + ("  (it asks for the --api-key)" if opts.api_key else ""))
+        else:
+            say(f"no chat page in this llama-server (API only): {PAGE_HINT}")
         say(f"ready: {srv.url}/v1  (model {sv.model_alias(s.art)}; health {srv.url}/health; log {log_file})")
 
     try:
