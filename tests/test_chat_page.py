@@ -25,6 +25,7 @@ import pytest
 
 from _runtime_models import serve_process
 from _templates import converted_with_template
+from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import server as sv
 
@@ -44,7 +45,7 @@ PLACEHOLDER = "Type a message..."
 def _runtime_with_page():
     try:
         rt = loc.locate()
-    except Exception as e:  # noqa: BLE001 (any failure to find a runtime is a reason to stop here)
+    except RuntimeNotFound as e:
         pytest.fail(f"no runtime: {e}")
     if not rt.has_page:
         if shutil.which("npm") is None:
