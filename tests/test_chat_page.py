@@ -139,6 +139,13 @@ def _api_prompt_tokens(url: str, content, tools=None) -> int:
     return r["usage"]["prompt_tokens"]
 
 
+def _new_chat(pg) -> None:
+    """A new conversation, waited for: a file attached while the page still shows the old one is dropped with its
+    form."""
+    pg.get_by_role("button", name="New chat").first.click()
+    pg.get_by_text("Hello there").wait_for()
+
+
 def _send(pg, text: str, files: list[Path] = ()) -> tuple[dict, int, int]:
     """Type `text` (attaching `files`), send it, wait for the answer; (the page's request body, the prompt and the
     answer token counts the server reported in the streamed answer's timings)."""
@@ -165,7 +172,7 @@ def _media_turn(pg, url: str, path: Path, prompt: str, page_part: str, api_part:
     """A new chat with `path` attached: (the page's prompt count, the API's for `api_part` + `prompt`, the API's for
     `prompt` alone, the page's tools). The page must have sent the file's bytes unchanged as one `page_part`; the
     API requests carry the tools the page offers (its own; the template renders them into the prompt)."""
-    pg.get_by_role("button", name="New chat").first.click()
+    _new_chat(pg)
     body, n_page, _ = _send(pg, prompt, [path])
     last = body["messages"][-1]["content"]
     parts = [p for p in last if p.get("type") == page_part]
@@ -232,13 +239,13 @@ def _reasoning(pg, level: str) -> None:
 
 def test_thinking_off_hides_and_on_shows_the_reasoning_block(page, shots):
     block = page.get_by_text("Reasoning", exact=True)
-    page.get_by_role("button", name="New chat").first.click()
+    _new_chat(page)
     _reasoning(page, "Off")
     body, _, _ = _send(page, "Why is the sky blue?")
     assert body["chat_template_kwargs"]["enable_thinking"] is False
     assert block.count() == 0
     _shot(page, shots, "06-thinking-off")
-    page.get_by_role("button", name="New chat").first.click()
+    _new_chat(page)
     _reasoning(page, "Low")
     body, _, _ = _send(page, "Why is the grass green?")
     assert body["chat_template_kwargs"]["enable_thinking"] is True
