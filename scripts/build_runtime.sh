@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned llama.cpp runtime (the tree vendored in llama-cpp-python, ggufbridge/runtime/llama_cpp.pin) once per machine:
-# shared libraries for the Python bindings plus the tools ggufbridge launches. Cached outside the repo.
+# shared libraries for the Python bindings plus the tools ggufbridge launches, and llama-server's chat page
+# (scripts/build_ui.sh: the tree's tools/ui with npm; without npm the server is built without it). Cached outside
+# the repo.
 #
 #   scripts/build_runtime.sh [--cuda] [--cuda-arch 90] [--python PY]
 #
@@ -73,7 +75,11 @@ fi
 
 # the tree's .git file points at the sdist's submodule repository by a relative path: point it there absolutely so
 # that the build records the pinned commit (llama-server --version) from the patched copy too
-[ -d "$SRC/.git/modules/vendor/llama.cpp" ] && echo "gitdir: $SRC/.git/modules/vendor/llama.cpp" >"$TREE/.git"
+# (rewritten only when it differs: CMake re-runs its configure step when the file changes)
+gitdir="gitdir: $SRC/.git/modules/vendor/llama.cpp"
+if [ -d "$SRC/.git/modules/vendor/llama.cpp" ] && [ "$(cat "$TREE/.git" 2>/dev/null)" != "$gitdir" ]; then
+  echo "$gitdir" >"$TREE/.git"
+fi
 
 args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
@@ -97,6 +103,44 @@ fi
 BUILD_KEY=$(printf '%s\n' "${args[@]}" | sha256sum | cut -c1-12)
 grep -q "\"build_key\": \"$BUILD_KEY\"" "$PREFIX/runtime.json" 2>/dev/null || rm -f "$PREFIX/runtime.json"
 
+# The chat page, built apart from llama.cpp (its own cache, keyed by the UI sources) and handed to the tree's CMake
+# as tools/ui/dist, which the tree's scripts/ui-assets.cmake embeds into llama-server as it does release assets
+# (its first choice; -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF keep npm and the download out of CMake).
+# Embedded rather than served from a folder with --path: the server lets a browser fetch the embedded assets
+# without the API key, but would ask it for every file of a --path folder, so the page could not load under
+# --api-key. A new page rebuilds only the generated ui.cpp and relinks llama-server; the build key is unchanged.
+PAGE=$(bash "$(dirname "$0")/build_ui.sh" "$TREE/tools/ui" "$CACHE/ui") \
+  || { echo "build_runtime: the chat page could not be built: llama-server is built without it" >&2; PAGE=""; }
+UI_KEY=none
+if [ -n "$PAGE" ]; then
+  UI_KEY=${PAGE##*/page-}
+  if [ "$(cat "$TREE/.ggufbridge-page" 2>/dev/null)" != "$UI_KEY" ] || [ ! -f "$TREE/tools/ui/dist/index.html" ]; then
+    rm -rf "$TREE/tools/ui/dist"
+    cp -r "$PAGE" "$TREE/tools/ui/dist.tmp"
+    mv "$TREE/tools/ui/dist.tmp" "$TREE/tools/ui/dist"
+    echo "$UI_KEY" >"$TREE/.ggufbridge-page"  # not in dist/ (embedded) nor tools/ui (hashed into the key)
+  fi
+elif [ -f "$PREFIX/runtime.json" ]; then
+  UI_KEY=$(sed -n 's/.*"ui": "\([^"]*\)".*/\1/p' "$PREFIX/runtime.json")  # keep what the runtime has
+  UI_KEY=${UI_KEY:-none}
+fi
+
+write_info() {
+  local backends='["cpu","rpc"]' plist="" f
+  [ "$CUDA" = 1 ] && backends='["cpu","rpc","cuda"]'
+  for f in "${PATCHES[@]}"; do plist="$plist${plist:+, }\"$(basename "$f" .patch)\""; done
+  printf '{"version": "%s", "commit": "%s", "variant": "%s", "backends": %s, "bin": "%s", "patches": [%s], "patch_hash": "%s", "build_key": "%s", "ui": "%s"}\n' \
+    "$VERSION" "$COMMIT" "$VARIANT" "$backends" "$PREFIX/build/bin" "$plist" "$PHASH" "$BUILD_KEY" "$UI_KEY" >"$PREFIX/runtime.json.tmp"
+  mv "$PREFIX/runtime.json.tmp" "$PREFIX/runtime.json"
+}
+
+if [ -f "$PREFIX/runtime.json" ] && ! grep -q "\"ui\": \"$UI_KEY\"" "$PREFIX/runtime.json"; then
+  echo "build_runtime: embedding the chat page into llama-server (llama.cpp itself is not rebuilt)"
+  cmake --build "$PREFIX/build" -j "$JOBS" --target llama-server >"$PREFIX.ui.log" 2>&1 \
+    || { tail -40 "$PREFIX.ui.log" >&2; exit 1; }
+  write_info
+fi
+
 if [ ! -f "$PREFIX/runtime.json" ]; then
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
@@ -106,12 +150,7 @@ if [ ! -f "$PREFIX/runtime.json" ]; then
   echo "build_runtime: building ${TOOLS[*]} and the shared libraries with $JOBS jobs (a few minutes)"
   cmake --build "$PREFIX/build" -j "$JOBS" --target llama mtmd "${TOOLS[@]}" >"$PREFIX.build.log" 2>&1 \
     || { tail -40 "$PREFIX.build.log" >&2; exit 1; }
-  backends='["cpu","rpc"]'
-  [ "$CUDA" = 1 ] && backends='["cpu","rpc","cuda"]'
-  plist=""
-  for f in "${PATCHES[@]}"; do plist="$plist${plist:+, }\"$(basename "$f" .patch)\""; done
-  printf '{"version": "%s", "commit": "%s", "variant": "%s", "backends": %s, "bin": "%s", "patches": [%s], "patch_hash": "%s", "build_key": "%s"}\n' \
-    "$VERSION" "$COMMIT" "$VARIANT" "$backends" "$PREFIX/build/bin" "$plist" "$PHASH" "$BUILD_KEY" >"$PREFIX/runtime.json"
+  write_info
 fi
 echo "build_runtime: runtime ready in $PREFIX/build/bin"
 

@@ -12,4 +12,14 @@ VPY="$PWD/.venv/bin/python"
 "$VPY" -m pip install -q "torch==2.13.0"
 bash scripts/build_runtime.sh --python "$VPY" "$@"
 "$VPY" -m pip install -q -e ".[test]"
+# the chat page's browser test (tests/test_chat_page.py) drives Debian's Chromium, installed here where missing
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's chromium for the chat page's browser test"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core; } \
+      >/tmp/ggufbridge-chromium.log 2>&1 || echo "setup: chromium could not be installed (log /tmp/ggufbridge-chromium.log)"
+  else
+    echo "setup: no chromium (and no root apt-get to install it): tests/test_chat_page.py will be skipped"
+  fi
+fi
 echo "setup: ready — .venv/bin/ggufbridge doctor"

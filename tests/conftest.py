@@ -1,14 +1,39 @@
 """Shared pytest fixtures: synthetic MiniCPM-V 4.7 checkpoints, built once per session under tmp_path.
 
 Nothing here writes outside pytest's temporary directories except the tokenizer cache of
-`ggufbridge.testkit.vocab` (under ${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/fixtures/, built once per machine).
+`ggufbridge.testkit.vocab` (under ${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/fixtures/, built once per machine)
+and the artefacts tests leave for people to look at (`artifacts_dir`: build/test-artifacts/NAME, listed at the end
+of the run).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
+_artifact_dirs: list[Path] = []
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir():
+    """Factory: `artifacts_dir(name) -> Path`, an emptied build/test-artifacts/NAME for screenshots and the like."""
+
+    def make(name: str) -> Path:
+        d = ARTIFACTS / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        _artifact_dirs.append(d)
+        return d
+
+    return make
+
+
+def pytest_terminal_summary(terminalreporter):
+    for d in _artifact_dirs:
+        terminalreporter.write_line(f"test artefacts: {d} ({len(list(d.iterdir()))} files)")
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,14 @@ def test_real_runtime_is_the_pinned_build(real_runtime):
     assert set(real_runtime.info["backends"]) <= set(real_runtime.backends)
 
 
+def test_real_runtime_page_as_recorded(real_runtime):
+    """The page read from the server library agrees with runtime.json's record of what build_runtime.sh embedded
+    (the hash of the page's sources, or "none" when npm was missing)."""
+    recorded = real_runtime.info.get("ui", "none")
+    assert real_runtime.lib(loc.SERVER_LIB) is not None  # a shared build: the page is looked for there
+    assert real_runtime.has_page == (recorded != "none"), recorded
+
+
 def _python_with_bindings() -> str:
     venv = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable
@@ -103,6 +111,15 @@ def test_doctor_refuses_a_bin_dir_that_lacks_things(tmp_path):
     for present in ("tool llama-server", "tool llama-cli", "arch qwen35moe", "llama-server --version"):
         assert not any(p.startswith(f"problem: {present}") for p in problems), (present, text)
     assert "commit deadbee" in res.stdout and "(ggufbridge pins 0c1e57098)" in res.stdout
+
+
+def test_doctor_says_whether_the_page_is_there(tmp_path):
+    b = fake_bin(tmp_path)
+    res = CliRunner().invoke(cli, ["doctor", "--llama-bin", str(b), "--python", sys.executable])
+    assert "warning: page: this llama-server has no chat page (API only)" in res.stderr and "npm" in res.stderr
+    (b / "libllama-server-impl.so").write_bytes(b"\x7fELF\0" + loc.PAGE_MARKER.encode() + b"\0")
+    res = CliRunner().invoke(cli, ["doctor", "--llama-bin", str(b), "--python", sys.executable])
+    assert "page      llama-server's chat page: yes" in res.stdout and "chat page" not in res.stderr
 
 
 def test_capabilities_found_when_present(tmp_path):

@@ -42,6 +42,10 @@ def command(llama_bin: str | None, python: str | None) -> None:
     upstream_draft = rt.has_string(DRAFT_KEYS["block_size"][1], "libllama")
     click.echo("draft     DSpark keys dflash.*" + (
         " and dspark.*" if upstream_draft else " (drafts with upstream's dspark.* keys: served from a renamed copy)"))
+    if rt.has_page:
+        click.echo("page      llama-server's chat page: yes (at the server's address, `ggufbridge serve` prints it)")
+    else:
+        click.echo(f"warning: page: this llama-server has no chat page (API only); {loc.PAGE_HINT}", err=True)
     want = patches.series_hash()
     if carried and rt.info.get("patch_hash") not in (None, want):
         click.echo(f"warning: this runtime carries patch series {rt.info.get('patch_hash')}, this checkout has "

@@ -39,6 +39,14 @@ TOOLS = ("llama-server", "llama-cli", "llama-mtmd-cli", "llama-quantize", "llama
          "ggml-rpc-server")
 BUILD_HINT = "run scripts/build_runtime.sh (add --cuda for a GPU build)"
 
+# A C string that only a llama-server with its chat page embedded holds: the asset table the tree's
+# scripts/ui-assets.cmake generates names every file of the page, and server-http.cpp names this one only where
+# assets were embedded (LLAMA_UI_HAS_ASSETS). A shared build keeps the server (and the page) in
+# libllama-server-impl, a static one in llama-server. scripts/build_runtime.sh embeds the page when npm is there.
+PAGE_MARKER = "manifest.webmanifest"
+SERVER_LIB = "libllama-server-impl"
+PAGE_HINT = "install Node.js 20+ with npm and re-run scripts/setup.sh (scripts/build_ui.sh builds the page)"
+
 # backend name -> library file stem that a shared build ships when the backend was compiled in
 BACKEND_LIBS = {
     "cpu": "libggml-cpu", "cuda": "libggml-cuda", "rpc": "libggml-rpc", "metal": "libggml-metal",
@@ -122,6 +130,12 @@ class Runtime:
         target = self.lib(lib) or (self.bin_dir / "llama-server" if _is_executable(self.bin_dir / "llama-server")
                                    else None)
         return target is not None and has_c_string(target, text)
+
+    @property
+    def has_page(self) -> bool:
+        """Whether llama-server serves its chat page at / (the page embedded at build time), read from the binary."""
+        server = self.lib(SERVER_LIB) or self.bin_dir / "llama-server"
+        return server.is_file() and has_c_string(server, PAGE_MARKER)
 
     def env(self) -> dict[str, str]:
         """Environment for launching a tool: shared libs next to the tools come first on the loader path."""

@@ -18,6 +18,7 @@ from ggufbridge.runtime import lifecycle
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.artifacts import ModelSpec, home_of
+from ggufbridge.runtime.locate import PAGE_HINT
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import Session, prepare
 
@@ -152,6 +153,12 @@ def serve(model: "str | Path | ModelSpec", *, log_path: str | Path | None = None
         say(s.plan.format())
 
     def ready():
+        # the page (llama-server's own web UI, embedded by scripts/build_runtime.sh) first: `ready:` stays the last
+        # line, the one scripts reading our output wait for
+        if s.rt.has_page:
+            say(f"chat page: {srv.url}/" + ("  (it asks for the --api-key)" if opts.api_key else ""))
+        else:
+            say(f"no chat page in this llama-server (API only): {PAGE_HINT}")
         say(f"ready: {srv.url}/v1  (model {sv.model_alias(s.art)}; health {srv.url}/health; log {log_file})")
 
     try:
