@@ -18,11 +18,11 @@ from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
 from ggufbridge.ggufio.names import (MINICPMV_CANVAS_MROPE, MINICPMV_MAX_SLICE_NUMS, MINICPMV_PROCESSOR_SLICING,
                                     MINICPMV_USE_IMAGE_ID, MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES,
-                                    Keys)
+                                    PROJECTOR_MINICPMV4_6, Keys)
 from ggufbridge.ggufio.names import VIT_MERGER as VIT_MERGER_PREFIX
 
 ARCH = "clip"
-PROJECTOR = "minicpmv4_6"  # the runtime's projector for MiniCPM-V 4.6 and 4.7 (same graph)
+PROJECTOR = PROJECTOR_MINICPMV4_6  # the pinned runtime's projector for MiniCPM-V 4.6 and 4.7 (same graph)
 RUNTIME_GRID = 70  # the runtime indexes v.position_embd with a fixed 70×70 bucket grid
 DEFAULT_SCALE_RESOLUTION = 448
 TOWER = "model.vision_tower."

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import RuntimeNotFound
+from ggufbridge.ggufio import names
 from ggufbridge.runtime import patches
 
 RUNTIME_VERSION = "0.3.36"
@@ -104,6 +105,12 @@ class Runtime:
         target = self.lib("libmtmd") or (self.bin_dir / "llama-server" if _is_executable(self.bin_dir / "llama-server")
                                          else None)
         return target is not None and has_c_string(target, patches.CANVAS_KEY)
+
+    @property
+    def knows_minicpmv4_7(self) -> bool:
+        """Whether libmtmd loads upstream's `minicpmv4_7` projector type (its name is a C string there)."""
+        target = self.lib("libmtmd")
+        return target is not None and has_c_string(target, names.PROJECTOR_MINICPMV4_7)
 
     def env(self) -> dict[str, str]:
         """Environment for launching a tool: shared libs next to the tools come first on the loader path."""
