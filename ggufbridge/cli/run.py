@@ -10,9 +10,9 @@ import click
 
 from ggufbridge.cli import _options as opt
 from ggufbridge.errors import RuntimeNotFound, ServerError
-from ggufbridge.runtime import patches
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.session import prepare
+from ggufbridge.vision.fidelity import image_fidelity
 
 
 def assistant_text(transcript: str) -> str:
@@ -54,8 +54,8 @@ def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, ima
         if s.art.mmproj is None:
             flag = "--image" if images else "--video"
             raise ServerError(f"{flag}: {out_dir}/manifest.json lists no mmproj; convert with the vision tower")
-        if not s.rt.canvas_mrope:
-            click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
+        if loss := image_fidelity(s.art.mmproj.path, s.rt):
+            click.echo(f"warning: {loss}", err=True)
         click.echo(ask_with_images(s, prompt, list(images), draft=draft, n_predict=n_predict, temp=temp, seed=seed,
                                    show_command=show_command, think=think, reasoning_budget=reasoning_budget,
                                    videos=list(videos)))

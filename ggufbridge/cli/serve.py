@@ -9,11 +9,12 @@ import click
 
 from ggufbridge.cli import _options as opt
 from ggufbridge.errors import RuntimeNotFound, ServerError
-from ggufbridge.runtime import lifecycle, patches
+from ggufbridge.runtime import lifecycle
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import prepare
+from ggufbridge.vision.fidelity import image_fidelity
 
 
 @click.command()
@@ -77,8 +78,8 @@ def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads,
         return
     if s.problems:
         raise RuntimeNotFound(s.problems[0] if len(s.problems) == 1 else " | ".join(s.problems))
-    if s.art.mmproj is not None and not s.rt.canvas_mrope:
-        click.echo(f"warning: images: {patches.STOCK_IMAGE_LOSS}", err=True)
+    if s.art.mmproj is not None and (loss := image_fidelity(s.art.mmproj.path, s.rt)):
+        click.echo(f"warning: {loss}", err=True)
     _warn_wildcard(host, api_key)
     if not local:
         lifecycle.check_workers(endpoints)

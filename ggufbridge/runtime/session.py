@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import RuntimeNotFound
+from ggufbridge.ggufio.reader import read_header
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import plan as pl
 from ggufbridge.runtime.artifacts import Artifacts, load_artifacts
 from ggufbridge.runtime.recipes import Recipe, load_recipe
+from ggufbridge.vision.fidelity import mmproj_kind
 
 # capability (locate.CAPABILITIES name) -> what needs it
 _NEEDS = {"arch qwen35moe": "the target", "arch dflash": "the draft", "spec-type draft-dspark": "--draft",
@@ -62,6 +64,9 @@ def runtime_problems(s: Session) -> list[str]:
         needed |= {"arch dflash", "spec-type draft-dspark"}
     if s.art.mmproj is not None:
         needed.add("projector minicpmv4_6")
+        if mmproj_kind(read_header(s.art.mmproj.path).kv) == "upstream-4.7" and not rt.knows_minicpmv4_7:
+            out.append(f"projector minicpmv4_7 (the mmproj): libmtmd in {rt.bin_dir} does not load upstream's "
+                       f"MiniCPM-V 4.7 projector type; build the patched runtime with scripts/build_runtime.sh")
     for r in loc.check(rt):
         if (r.name in needed or r.name in ("tool llama-server", "llama-server --version")) and not r.ok:
             out.append(f"{r.name} ({_NEEDS.get(r.name, 'serving')}): {r.detail}; {r.fix}")
