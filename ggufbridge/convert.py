@@ -15,11 +15,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ggufbridge.arch import draft_converter, mmproj_converter, text_converter
-from ggufbridge.arch.plan import ConversionPlan
+from ggufbridge.ggufio.plan import ConversionPlan, Note
 from ggufbridge.checkpoint.model_dir import ModelDir, resolve_model_dir
 from ggufbridge.errors import GGUFBridgeError, OutputError
 from ggufbridge.ggufio import generation
-from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, sha256_file, write_manifest
+from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, write_manifest
+from ggufbridge.files import sha256_file
 from ggufbridge.ggufio.writer import FILE_TYPES, OUTTYPES, Written, remove_stale_parts, tmp_name, write_gguf
 from ggufbridge.signals import deferred
 from ggufbridge.ggufio.names import Keys
@@ -124,7 +125,7 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
             raise GGUFBridgeError(f"{flag} must be one of {', '.join(OUTTYPES)}, found {val!r}")
     arch = text_converter(md.config)
     plan, params = arch.plan_target(md)
-    plan.notes.insert(0, f"target checkpoint: {md.layout} tensor-name layout")
+    plan.notes.insert(0, Note(f"target checkpoint: {md.layout} tensor-name layout"))
     basename = basename or arch.BASENAME
     size = size_label(plan)
     stem = f"{basename}-{size}"
@@ -141,7 +142,7 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
         dmd = ModelDir.open(draft)
         drafter = draft_converter(dmd.config, f"{dmd.path.name}/config.json")
         dplan = drafter.plan_draft(dmd, target=md, target_plan=plan, target_params=params)
-        dplan.notes.insert(0, f"draft checkpoint: {dmd.layout} tensor-name layout")
+        dplan.notes.insert(0, Note(f"draft checkpoint: {dmd.layout} tensor-name layout"))
         add_general(dplan, basename=basename, size=size, outtype=draft_outtype, model_dir=dmd.path, role="draft")
         outputs.append(Output("draft", dplan, f"dspark-{stem}-{draft_outtype.upper()}.gguf", draft_outtype))
     return outputs
@@ -150,7 +151,7 @@ def plan_outputs(md: ModelDir, *, outtype: str, basename: str | None, draft=None
 def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = None, draft=None,
             draft_outtype: str = "f16", mmproj: bool = True, mmproj_outtype: str = "f16",
             downsample: str | None = None, progress: bool = True, quant: str | None = None,
-            recipe: str | None = None, imatrix=None, revision: str | None = None, force: bool = False,
+            mix: str | None = None, imatrix=None, revision: str | None = None, force: bool = False,
             allow_nonfinite: bool = False, fit: dict | None = None) -> ConvertResult:
     """`model_dir` and `draft`: a folder, a hub spec (`hf://ORG/NAME[@REV]`, `ms://ORG/NAME[@REV]`; downloaded
     first) or a repo id in the HF cache; `revision` pins `model_dir`'s.
@@ -158,9 +159,9 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     An `out_dir` that already holds a conversion (manifest.json or a GGUF) is refused unless `force`; with
     `force` the new conversion replaces the old one as a whole, once it is complete (files the old manifest lists
     and the new one does not are deleted). Weights holding NaN/Inf are refused unless `allow_nonfinite`."""
-    from ggufbridge.quant import pipeline as qp  # quant=/recipe=: the target goes through llama-quantize
+    from ggufbridge.quant import pipeline as qp  # quant=/mix=: the target goes through llama-quantize
 
-    qlabel = (qp.prepare(quant, recipe, imatrix, outtype, fit) if quant is not None or recipe is not None or fit
+    qlabel = (qp.prepare(quant, mix, imatrix, outtype, fit) if quant is not None or mix is not None or fit
               else None)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -179,8 +180,8 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
     outputs = plan_outputs(md, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                            mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample)
     notes = [n for o in outputs for n in o.plan.notes]
-    for note in notes:  # notes are logged here only, once; sanity warnings at WARNING
-        (log.warning if "warning" in note else log.info)(note)
+    for note in notes:  # notes are logged here only, once, each at its level
+        (log.warning if note.level == "warning" else log.info)(note.text)
 
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -198,7 +199,7 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
                 for o in outputs:
                     if o.role == "target" and qlabel:
                         w, _ = qp.write_quantized(o.plan, out / qp.quant_filename(o.filename, o.outtype, qlabel),
-                                                  o.outtype, quant=quant, recipe=recipe, imatrix=imatrix,
+                                                  o.outtype, quant=quant, mix=mix, imatrix=imatrix,
                                                   progress=bar.update, allow_nonfinite=allow_nonfinite, fit=fit)
                         written.append((o.role, w, qlabel))
                         continue
@@ -226,4 +227,4 @@ def convert(model_dir, out_dir, *, outtype: str = "f16", basename: str | None = 
         if created and not any(out.iterdir()):
             out.rmdir()
         raise
-    return ConvertResult(out, files, notes)
+    return ConvertResult(out, files, [n.text for n in notes])

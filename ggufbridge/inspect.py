@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from gguf import LlamaFileType
 
+from ggufbridge.ggufio.names import role_of
 from ggufbridge.ggufio.reader import GGUFHeader, TensorInfo, read_header
 from ggufbridge.quant.report import format_quant_dict, quant_report
 from ggufbridge.units import human_size
@@ -21,7 +22,6 @@ from ggufbridge.units import human_size
 # --- what to report, per role (data, not branches) ----------------------------------------------------------------
 
 # general.architecture → role; anything else is a text (target) model
-ROLES = {"dflash": "draft", "clip": "mmproj"}
 
 # (label, key; "{a}" = the architecture prefix)
 HYPERPARAMETERS = {
@@ -114,17 +114,6 @@ def _plain(v):
     if isinstance(v, float):
         return float(f"{v:.6g}")
     return v
-
-
-def role_of(kv: dict) -> str:
-    if kv.get("general.type") == "imatrix":  # llama-imatrix's output: no architecture, per-tensor statistics
-        return "imatrix"
-    arch = kv.get("general.architecture")
-    if isinstance(arch, str) and arch in ROLES:
-        return ROLES[arch]
-    if "clip.projector_type" in kv or "clip.has_vision_encoder" in kv or kv.get("general.type") == "mmproj":
-        return "mmproj"
-    return "target"
 
 
 def _coupling(kv: dict, tensors: dict[str, TensorInfo]) -> dict:

@@ -21,7 +21,8 @@ import numpy as np
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.convert import plan_outputs
 from ggufbridge.errors import GGUFFileError, ManifestError
-from ggufbridge.ggufio.manifest import Manifest, read_manifest, sha256_file
+from ggufbridge.ggufio.manifest import Manifest, read_manifest
+from ggufbridge.files import sha256_file
 from ggufbridge.ggufio.reader import read_header
 
 COMPARABLE = {"F32", "F16", "BF16"}

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+from ggufbridge.testkit.checkpoint import SPECS, make_minicpmv47
 
-from ggufbridge.synthetic.checkpoint import SPECS, make_minicpmv47
+REPO = Path(__file__).resolve().parents[1]
 
 # ~0.74 GB of BF16 weights with the real vocabulary (embeddings + head are 0.25 GB of it)
 BENCH_SPEC = replace(SPECS["tiny"], hidden=512, layers="LLLFLLLF", heads=8, kv_heads=2, head_dim=64,

@@ -34,7 +34,7 @@ def make(name: str, work: Path) -> Path:
     import dataclasses
 
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import get_spec, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import get_spec, make_minicpmv47
 
     over, vocab = SHAPES[name]
     spec = dataclasses.replace(get_spec("ksafe"), **over)
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     for label, budget, _ in targets:
         plan = plan_fit(sens, budget)
         out = args.work / f"fit-{budget}.gguf"
-        quantize_file(args.src, out, recipe=plan.recipe, threads=args.threads)
+        quantize_file(args.src, out, mix=plan.mix, threads=args.threads)
         size = out.stat().st_size
         assert size == plan.file_bytes <= budget, (size, plan.file_bytes, budget)
         files.append((label, budget, out, plan))
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     rows = []
     for (label, budget, path, plan), (_, _, other) in zip(files, targets):
         r = res[f"gguf:{path}"].summary
-        row = {"target": label, "budget": budget, "file_bytes": path.stat().st_size, "mix": plan.recipe.name,
+        row = {"target": label, "budget": budget, "file_bytes": path.stat().st_size, "mix": plan.mix.name,
                "predicted_kl": plan.predicted_kl, "kl_mean": r["kl_mean"], "top1": r["top1"],
                "kl_p99": r["kl_p99"], "unit_types": plan.unit_types}
         if other is not None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import io
 import json
 import os
 import subprocess
@@ -43,7 +42,7 @@ import json, sys, time
 sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 import numpy as np
 from PIL import Image
-from ggufbridge.vision import bindings as B
+from ggufbridge.testkit import bindings as B
 img = Image.open(sys.argv[3]).convert("RGB")
 calls = {"n": 0}
 orig = B.VisionSession._decode

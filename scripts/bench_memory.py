@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 from ggufbridge.arch import qwen35moe as q
-from ggufbridge.synthetic.vocab import VOCAB_SIZE, write_tokenizer
+from ggufbridge.testkit.vocab import VOCAB_SIZE, write_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
 
 LAUNCHER = """
 import os, subprocess, sys, time

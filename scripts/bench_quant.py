@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
     from ggufbridge.compare.run import compare
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+    from ggufbridge.testkit.checkpoint import make_minicpmv47
     from ggufbridge.quant import quantize_file
     from ggufbridge.quant.imatrix import compute_imatrix
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         for i, (label, quant, recipe, use_im) in enumerate(CANDIDATES):
             rec = str(args.work / "ablation.toml") if recipe == "ABLATION" else recipe
             out = args.work / f"s{seed}-{i:02d}-{quant or recipe}{'-imatrix' if use_im else ''}.gguf"
-            quantize_file(ref, out, quant=quant, recipe=rec, imatrix=imat if use_im else None, threads=args.threads)
+            quantize_file(ref, out, quant=quant, mix=rec, imatrix=imat if use_im else None, threads=args.threads)
             files[label] = out
         cmp = compare(f"gguf:{ref}", [f"gguf:{p}" for p in files.values()], text_path=ev, ctx=args.ctx)
         for (label, path), r in zip(files.items(), cmp.results):

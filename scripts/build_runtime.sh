@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the pinned llama.cpp runtime (the tree vendored in llama-cpp-python 0.3.36) once per machine:
+# Builds the pinned llama.cpp runtime (the tree vendored in llama-cpp-python, ggufbridge/runtime/llama_cpp.pin) once per machine:
 # shared libraries for the Python bindings plus the tools ggufbridge launches. Cached outside the repo.
 #
 #   scripts/build_runtime.sh [--cuda] [--cuda-arch 90] [--python PY]
@@ -9,8 +9,10 @@
 #              and point it at the libraries built here.
 set -euo pipefail
 
-VERSION=0.3.36
-COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
+# the pin (llama-cpp-python release and the llama.cpp commit it vendors) has one home, read by Python too
+. "$(dirname "$0")/../ggufbridge/runtime/llama_cpp.pin"
+VERSION=$LLAMA_CPP_PYTHON_VERSION
+COMMIT=$LLAMA_CPP_COMMIT
 CUDA=0
 CUDA_ARCH=""
 PY=""

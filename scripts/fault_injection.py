@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kill `ggufbridge convert` at random points, many times, and check the output folder after each kill.
 
-One synthetic MiniCPM-V 4.7 checkpoint (ggufbridge.synthetic, small vocabulary) is converted over and over into
+One synthetic MiniCPM-V 4.7 checkpoint (ggufbridge.testkit, small vocabulary) is converted over and over into
 the same folder (`--force`) by a `python -m ggufbridge convert` subprocess, which receives SIGINT, SIGTERM or
 SIGKILL (in turn) at a random moment. Most kills land while files are being written: the delay is drawn after the
 first temporary file appears, over the length of a measured uninterrupted write (plus 30%, so that the commit and
@@ -93,7 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
-    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+    from ggufbridge.testkit.checkpoint import make_minicpmv47
 
     work = args.work or Path(tempfile.mkdtemp(prefix="ggufbridge-fault-"))
     ckpt = work / "ckpt"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import click
 
 from ggufbridge.cli._common import user_errors
-from ggufbridge.synthetic.checkpoint import DTYPES, SPECS, make_minicpmv47
-from ggufbridge.synthetic.vocab import get_vocab
+from ggufbridge.testkit.checkpoint import DTYPES, SPECS, make_minicpmv47
+from ggufbridge.testkit.vocab import get_vocab
 
 
 @click.command()

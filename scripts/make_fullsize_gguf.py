@@ -14,7 +14,7 @@ blocks is reused), which changes nothing for speed: every tensor still has its o
     python scripts/make_fullsize_gguf.py OUT_DIR --tokenizer DIR [--quant q4_k_m] [--no-draft]
 
 OUT_DIR gets target.gguf, draft.gguf and a manifest.json, so `ggufbridge bench OUT_DIR` runs on it.
-TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbridge.synthetic.vocab.write_tokenizer.
+TOKENIZER DIR holds tokenizer.json (+ tokenizer_config.json), e.g. from ggufbridge.testkit.vocab.write_tokenizer.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 
 from ggufbridge.arch import dspark as ds
 from ggufbridge.arch import qwen35moe as qm
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.ggufio.manifest import MANIFEST, ManifestEntry, write_manifest
 from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab
 from ggufbridge.ggufio.writer import RAW, write_gguf
@@ -141,9 +141,9 @@ class BlockPool:
 def file_type(quant: str) -> int:
     if quant in FILE_TYPE:
         return FILE_TYPE[quant]
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
 
-    return RECIPE_FILE_TYPE[load_quant_recipe(quant).file_type]
+    return RECIPE_FILE_TYPE[load_mix(quant).file_type]
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -156,10 +156,10 @@ def target_type(name: str, shape: tuple, quant: str, n_layer: int) -> str:
         return "F32"  # what llama-quantize never quantises (and the runtime needs element-wise in F32)
     if quant not in FILE_TYPE:  # a quantisation recipe: the type of the tensor's class
         from ggufbridge.quant.classes import classify
-        from ggufbridge.quant.recipes import load_quant_recipe
+        from ggufbridge.quant.mix import load_mix
 
         cls = classify(name)
-        return "F32" if cls.kept else load_quant_recipe(quant).type_of(cls.name)
+        return "F32" if cls.kept else load_mix(quant).type_of(cls.name)
     if quant != "q4_k_m":
         return quant.upper()
     if name == "output.weight":
@@ -187,7 +187,7 @@ def f32_values(name: str, shape: tuple, rng: np.random.Generator) -> np.ndarray:
 @dataclass(frozen=True)
 class Oracle:
     """A decisive target and a draft whose proposals are right at a controlled rate (the oracle pair of
-    ggufbridge.synthetic.dspark, at full shape). The target's greedy next token after t is succ(t), a cycle over
+    ggufbridge.testkit.dspark, at full shape). The target's greedy next token after t is succ(t), a cycle over
     `length` consecutive ids per cycle (every layer's output projection is zero, so the residual stream stays the
     one-hot token embedding; the head reads the predecessor's slot). The draft's Markov head proposes succ(t),
     except after every `period`-th token of cycle c (period 0: never), where it proposes succ(succ(t)): a round

@@ -34,7 +34,7 @@ def fullshape_tensors(quant: str, layers: int = 40):
     from dataclasses import replace
 
     from ggufbridge.arch import qwen35moe as qm
-    from ggufbridge.arch.plan import ConversionPlan
+    from ggufbridge.ggufio.plan import ConversionPlan
 
     mf = _fullsize()
     s = replace(mf.Shape(), layers="LLLF" * (layers // 4))
@@ -66,44 +66,29 @@ def bytes_per_decode_step(quant: str) -> int:
 
 def fullshape_target(quant: str, layers: int = 40):
     """The planner's TargetShape of make_fullsize_gguf.py's file for `quant`."""
-    from dataclasses import replace
-
-    from ggufbridge.runtime import plan as pl
+    from ggufbridge.runtime import memory as pl
 
     s, tensors = fullshape_tensors(quant, layers)
     n = len(s.layers)
-    block, experts, emax, inp, out = [0] * n, [0] * n, [0] * n, 0, 0
-    for name, b in tensors:
-        m, mb = pl.EXPERT_RE.match(name), pl.BLOCK_RE.match(name)
-        if m:
-            experts[int(m.group(1))] += b
-            emax[int(m.group(1))] = max(emax[int(m.group(1))], b)
-        elif mb:
-            block[int(mb.group(1))] += b
-        elif name.startswith("token_embd"):
-            inp += b
-        else:
-            out += b
     cfg = {"num_hidden_layers": n, "layer_types": ["linear_attention" if c == "L" else "full_attention"
                                                    for c in s.layers],
            "linear_key_head_dim": s.lin_dim, "linear_value_head_dim": s.lin_dim, "head_dim": s.head_dim,
            "hidden_size": s.hidden, "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
            "linear_conv_kernel_dim": s.conv, "linear_num_key_heads": s.lin_k_heads,
            "linear_num_value_heads": s.lin_v_heads, "vocab_size": s.vocab, "max_position_embeddings": s.ctx}
-    return replace(pl.TargetShape.from_config(cfg), block_bytes=tuple(block), expert_bytes=tuple(experts),
-                   expert_max_bytes=tuple(emax), input_bytes=inp, output_bytes=out)
+    return pl.TargetShape.from_config(cfg).with_tensor_bytes(tensors)
 
 
 def planned_now(rec: dict) -> float:
     """GPU bytes the current planner gives the measured configuration (its recipe, -c, --n-cpu-moe)."""
-    from ggufbridge.runtime import plan as pl
+    from ggufbridge.runtime import memory as pl
     from ggufbridge.runtime.recipes import load_recipe
 
     quant = QUANT_OF[rec["tag"].split("-")[1]]
     target, recipe = fullshape_target(quant), load_recipe(rec["recipe"])
     plan = pl.evaluate(target, recipe, ctx=rec["ctx"], ngl=rec["plan"]["n_gpu_layers"],
                        n_cpu_moe=rec["plan"]["n_cpu_moe"])
-    total = next(p for p in plan.pools if p.name.startswith("gpu")).total
+    total = next(p for p in plan.pools if p.kind == "gpu").total
     if recipe.memory["unified"]:  # the host's share of the one pool lives in host RAM on the H200
         ub, cells = recipe.server["ubatch"], plan.figures["kv_cells"]
         total -= target.input_bytes + ub * (2 * cells + 8 * target.n_embd)

@@ -40,10 +40,10 @@ def serve(out_dir: Path, log: Path):
 
 
 def main() -> None:
-    from ggufbridge.synthetic.vision import SPEC_THW, hf_processor, random_image
-    from ggufbridge.compare import served_chat as sc
+    from ggufbridge.testkit.vision import SPEC_THW, hf_processor, random_image
+    from ggufbridge.testkit import served_chat as sc
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import load_reference, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=None)

@@ -22,7 +22,7 @@ def converted(make_ckpt, tmp_path_factory, *, with_draft: bool = True, spec: str
     key = (spec, with_draft)
     if key not in _CACHE:
         from ggufbridge.convert import convert
-        from ggufbridge.synthetic.dspark import make_dspark
+        from ggufbridge.testkit.dspark import make_dspark
 
         ckpt = make_ckpt(spec, vocab="small")
         root = tmp_path_factory.mktemp(f"served-{spec}-{'draft' if with_draft else 'plain'}")
@@ -32,7 +32,8 @@ def converted(make_ckpt, tmp_path_factory, *, with_draft: bool = True, spec: str
     return _CACHE[key]
 
 
-def serve_process(out_dir: Path, console: Path, *args: str, timeout: float = 300.0, env: dict | None = None) -> sv.Server:
+def serve_process(out_dir: Path, console: Path, *args: str, timeout: float = 300.0,
+                  env: dict | None = None) -> sv.Server:
     """`python -m ggufbridge serve OUT_DIR --port P ARGS` (the user's command) on a free port, waited for until
     /health answers; its own output goes to `console`. `.stop()` sends SIGTERM to its process group."""
     port = sv.free_port()

@@ -77,6 +77,6 @@ def hf_video_processor(ckpt: Path, downsample: str | None = None, **overrides):
 
 def hf_processor_with_video(ckpt: Path, downsample: str | None = None):
     """transformers' MiniCPM-V 4.7 processor with the real video processor (PIL image processor beside it)."""
-    from ggufbridge.synthetic.vision import hf_processor
+    from ggufbridge.testkit.vision import hf_processor
 
     return hf_processor(ckpt, downsample, video_processor=hf_video_processor(ckpt, downsample))

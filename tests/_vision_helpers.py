@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufbridge.synthetic.vision import SPEC_THW, hf_processor, random_image  # noqa: F401  (the tests' names)
+from ggufbridge.testkit.vision import SPEC_THW, hf_processor, random_image  # noqa: F401  (the tests' names)
 
 
 def hf_crop_features(ref, pixel_values, target_sizes, downsample: str | None = None) -> list[np.ndarray]:
@@ -89,7 +89,7 @@ def upstream_convention_copy(out_dir: Path, dst: Path) -> Path:
 
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-    from ggufbridge.ggufio.manifest import sha256_file
+    from ggufbridge.files import sha256_file
 
     shutil.copytree(out_dir, dst)
     mm = next(dst.glob("mmproj-*.gguf"))

@@ -1,7 +1,7 @@
 """Shared pytest fixtures: synthetic MiniCPM-V 4.7 checkpoints, built once per session under tmp_path.
 
 Nothing here writes outside pytest's temporary directories except the tokenizer cache of
-`ggufbridge.synthetic.vocab` (under ${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/fixtures/, built once per machine).
+`ggufbridge.testkit.vocab` (under ${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/fixtures/, built once per machine).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def make_ckpt(tmp_path_factory):
     """
     import inspect
 
-    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+    from ggufbridge.testkit.checkpoint import make_minicpmv47
 
     signature = inspect.signature(make_minicpmv47)
     cache = {}

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from ggufbridge.cli import cli
 from ggufbridge.errors import GGUFBridgeError
-from ggufbridge.runtime.bench import parse_lengths
+from ggufbridge.runtime.benchmark import parse_lengths
 
 from _runtime_models import converted
 

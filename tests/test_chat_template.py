@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from ggufbridge.synthetic.vocab import CHAT_TEMPLATE, IMAGE_TOKEN
+from ggufbridge.testkit.vocab import CHAT_TEMPLATE, IMAGE_TOKEN
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.session import prepare
 

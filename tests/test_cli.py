@@ -165,7 +165,8 @@ def _inspect_raising(monkeypatch, exc):
 
 @pytest.mark.parametrize("exc, line", [
     (GGUFFileError("x.gguf: not a GGUF file"), "Error: x.gguf: not a GGUF file"),
-    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.gguf"), "Error: No such file or directory: x.gguf"),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.gguf"),
+     "Error: No such file or directory: x.gguf"),
     (OSError(errno.ENOSPC, "No space left on device"), "Error: [Errno 28] No space left on device"),
 ])
 def test_errors_the_user_can_act_on_are_one_line_and_exit_2(monkeypatch, exc, line):
@@ -239,8 +240,8 @@ def test_an_integer_too_large_for_the_runtime_is_a_usage_error(tmp_path):
 @pytest.mark.parametrize("target, args", [
     ("ggufbridge.compare.run.compare", ["compare", "a.gguf", "-r", "gguf:b.gguf", "--eval", "{ev}"]),
     ("ggufbridge.compare.run.dump_logits", ["dump-logits", "-m", "gguf:a.gguf", "--eval", "{ev}", "-o", "{tmp}/d.st"]),
-    ("ggufbridge.cli.bench.prepare", ["bench", "{tmp}"]),
-    ("ggufbridge.cli.run.prepare", ["run", "{tmp}", "-p", "hi"]),
+    ("ggufbridge.runtime.benchmark.prepare", ["bench", "{tmp}"]),
+    ("ggufbridge.runtime.oneshot.prepare", ["run", "{tmp}", "-p", "hi"]),
     ("ggufbridge.cli.plan.prepare", ["plan", "{tmp}"]),
     ("ggufbridge.demo.run_demo", ["demo"]),
     ("ggufbridge.verify.verify", ["verify", "{tmp}"]),

@@ -93,7 +93,7 @@ def _near_ties(ckpt, eval_path, gap):
     """Per row: positions whose reference top-2 logits differ by less than `gap` (transformers' full forward)."""
     import torch
 
-    from ggufbridge.synthetic.checkpoint import load_reference
+    from ggufbridge.testkit.checkpoint import load_reference
 
     model = load_reference(ckpt)
     out = []
@@ -141,7 +141,7 @@ def test_q8_0_figures_equal_independent_numpy(q8_json, ggufs, small_ckpt, eval_f
     import llama_cpp
     import torch
 
-    from ggufbridge.synthetic.checkpoint import load_reference
+    from ggufbridge.testkit.checkpoint import load_reference
 
     rows = _rows(small_ckpt, eval_file)
     model = load_reference(small_ckpt)

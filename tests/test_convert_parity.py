@@ -17,7 +17,7 @@ from _reference import gguf_greedy, gguf_model, hf_greedy, hf_model
 from _synthetic.confident import TEXT
 from ggufbridge.compare.sources import GGUFSource, HFSource
 from ggufbridge.compare.teacher_forced import logits, parity, router_margins
-from ggufbridge.synthetic.vocab import reference_encode
+from ggufbridge.testkit.vocab import reference_encode
 
 pytestmark = pytest.mark.slow
 

@@ -72,7 +72,8 @@ def test_manifest_names_and_general_metadata(make_ckpt, tmp_path, caplog):
     ckpt = make_ckpt("tiny", vocab="small")
     card = tmp_path / "card"
     shutil.copytree(ckpt, card)
-    (card / "README.md").write_text("---\nlicense: apache-2.0\nbase_model:\n- openbmb/MiniCPM-V-4.7-35B-A3B\n---\n# card\n")
+    (card / "README.md").write_text("---\nlicense: apache-2.0\nbase_model:\n- openbmb/MiniCPM-V-4.7-35B-A3B\n---\n"
+                                    "# card\n")
     with caplog.at_level(logging.INFO):
         convert(card, tmp_path / "out", outtype="q8_0", progress=False, mmproj=False)
     assert any("MTP" in r.getMessage() and "without MTP" in r.getMessage() for r in caplog.records)
@@ -100,7 +101,7 @@ def test_manifest_names_and_general_metadata(make_ckpt, tmp_path, caplog):
 
 def test_size_label_of_the_real_shapes():
     """35B-A3B for the real model's shapes (computed from a plan of the real dimensions, no weights)."""
-    from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+    from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
     from ggufbridge.convert import size_label
 
     E, V, L, X, Fe = 2048, 248144, 40, 256, 512
@@ -138,7 +139,8 @@ def test_hf_cache_repo_id_resolves_offline(make_ckpt, tmp_path, monkeypatch):
 
 def test_tensor_types_follow_the_f32_rules(make_ckpt, tmp_path):
     """Element-wise weights stay F32 whatever --outtype (the CPU binary ops abort on F16 norms)."""
-    out = convert(make_ckpt("tiny", vocab="small"), tmp_path, outtype="f16", progress=False, mmproj=False).path("target")
+    out = convert(make_ckpt("tiny", vocab="small"), tmp_path, outtype="f16", progress=False,
+                  mmproj=False).path("target")
     types = {n: t for n, (t, _) in _tensors(out).items()}
     for name, typ in types.items():
         if name.endswith(("norm.weight", ".ssm_a", "ssm_dt.bias", "ssm_conv1d.weight", "ffn_gate_inp.weight")):

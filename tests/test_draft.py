@@ -16,7 +16,7 @@ from gguf import GGUFReader, GGUFValueType
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
 from ggufbridge.errors import NonFiniteWeights
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,8 @@ def test_reduced_vocabulary_writes_d2t_as_absolute_i64_and_own_head(target, tmp_
     assert tensors["d2t"].tensor_type.name == "I64"
     np.testing.assert_array_equal(np.asarray(tensors["d2t"].data), src["d2t"] + np.arange(src["d2t"].size))
     assert tuple(tensors["output.weight"].shape) == (64, 256)
-    assert tuple(tensors["markov_w2.weight"].shape) == (16, 256) and tuple(tensors["markov_w1.weight"].shape) == (16, 512)
+    assert tuple(tensors["markov_w2.weight"].shape) == (16, 256)
+    assert tuple(tensors["markov_w1.weight"].shape) == (16, 512)
     assert "t2d" not in tensors and "token_embd.weight" not in tensors
 
 
@@ -167,8 +168,9 @@ INVALID = {
     "vocab size": ({"vocab_size": 1024}, {}, "flat", ["vocab_size", "512", "1024"]),
     "schemas disagree": ({"dflash_config": {"block_size": 8, "target_layer_ids": [0, 2], "mask_token_id": 504}},
                          {}, "flat", ["block_size", "4", "8"]),
-    "reduced vocab without d2t": ({"draft_vocab_size": 256}, {"markov_head.markov_w2.weight": np.ones((256, R), np.float32),
-                                                              "lm_head.weight": np.ones((256, E), np.float32)},
+    "reduced vocab without d2t": ({"draft_vocab_size": 256},
+                                  {"markov_head.markov_w2.weight": np.ones((256, R), np.float32),
+                                   "lm_head.weight": np.ones((256, E), np.float32)},
                                   "flat", ["d2t", "256", "512"]),
     "d2t not one-to-one": ({"draft_vocab_size": 4}, {"markov_head.markov_w2.weight": np.ones((4, R), np.float32),
                                                      "lm_head.weight": np.ones((4, E), np.float32),

@@ -18,7 +18,7 @@ import pytest
 
 from _draft_helpers import greedy, llama_server
 from ggufbridge.convert import convert
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 
 pytestmark = pytest.mark.slow
 

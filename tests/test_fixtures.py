@@ -19,11 +19,11 @@ import torch
 from click.testing import CliRunner
 
 from ggufbridge.errors import ConfigError, TokenizerError
-from ggufbridge.synthetic import checkpoint as ckpt_mod
-from ggufbridge.synthetic import vocab as vocab_mod
-from ggufbridge.synthetic.checkpoint import SPECS, TinySpec, build_model, load_reference
+from ggufbridge.testkit import checkpoint as ckpt_mod
+from ggufbridge.testkit import vocab as vocab_mod
+from ggufbridge.testkit.checkpoint import SPECS, TinySpec, build_model, load_reference
 from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
-from ggufbridge.synthetic.vocab import MARKERS, VOCAB_SIZE
+from ggufbridge.testkit.vocab import MARKERS, VOCAB_SIZE
 
 PROMPT_IDS = [100, 101, 102, 200, 33, 44, 55, 66, 77, 88, 99, 198]
 
@@ -423,7 +423,7 @@ def test_make_fixtures_cli(tmp_path):
 
 def test_unknown_spec_names_are_refused_with_the_known_ones():
     from ggufbridge.errors import ConfigError
-    from ggufbridge.synthetic import checkpoint, dspark
+    from ggufbridge.testkit import checkpoint, dspark
 
     for module, known in ((checkpoint, "tiny"), (dspark, "tiny")):
         assert module.get_spec(known) is module.SPECS[known]

@@ -27,7 +27,7 @@ _spec.loader.exec_module(mf)
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from ggufbridge.synthetic.vocab import write_tokenizer
+    from ggufbridge.testkit.vocab import write_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     write_tokenizer(d, "qwen35")

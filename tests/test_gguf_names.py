@@ -9,7 +9,7 @@ import pytest
 
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.convert import plan_outputs
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 from ggufbridge.ggufio import names
 
 SUFFIXES = (".weight", ".bias")

@@ -1,4 +1,5 @@
-"""No import circle among ggufbridge's modules.
+"""The package's layering: no import circle among ggufbridge's modules, and each package imports only the packages
+below it in LAYERS.
 
 The graph is read from the source with `ast` (nothing is imported): an edge A → B for every
 `from ggufbridge.X import Y` / `import ggufbridge.X` in A, at the top level *and* inside functions. Function-level
@@ -72,6 +73,63 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if v not in state and (found := visit(v)):
             return found
     return None
+
+
+# What each part of ggufbridge may import (besides itself), lowest first. A package that is not listed is a new
+# one: the test asks for its row. Leaves (errors, units, files, textfile, signals, the package root for its
+# version) hold facts and helpers everyone shares; the format (ggufio) sits on the checkpoint reader; converters
+# (arch) on both; the runner (runtime) and the measurements (compare) on the format; quantisation above them (it
+# plans memory with the runtime and measures KL with compare); the commands (cli) on top.
+LEAVES = {"ggufbridge", "errors", "units", "files", "textfile", "signals"}
+LAYERS: dict[str, set[str]] = {
+    "ggufbridge": set(), "errors": set(), "units": set(), "files": set(), "signals": set(), "textfile": {"errors"},
+    "checkpoint": LEAVES,
+    "ggufio": LEAVES | {"checkpoint"},
+    "arch": LEAVES | {"checkpoint", "ggufio"},
+    "testkit": LEAVES | {"ggufio", "compare"},
+    "vision": LEAVES | {"ggufio"},
+    "runtime": LEAVES | {"ggufio", "vision"},
+    "compare": LEAVES | {"checkpoint", "ggufio"},
+    "quant": LEAVES | {"ggufio", "runtime", "compare"},
+    "inspect": LEAVES | {"ggufio", "quant"},
+    "convert": LEAVES | {"checkpoint", "ggufio", "arch", "quant"},
+    "verify": LEAVES | {"checkpoint", "ggufio", "convert"},
+    "demo": LEAVES | {"compare", "convert", "testkit"},
+    "cli": LEAVES | {"checkpoint", "ggufio", "arch", "runtime", "compare", "quant", "inspect", "convert", "verify",
+                     "demo", "vision"},
+    "__main__": {"cli"},
+}
+
+
+def part(module: str) -> str:
+    """ggufbridge.runtime.server.argv -> runtime; ggufbridge.convert -> convert; ggufbridge -> ggufbridge."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for mod, targets in sorted(graph.items()):
+        src = part(mod)
+        if src not in LAYERS:
+            out.append(f"{mod}: its package {src!r} has no row in LAYERS")
+            continue
+        out += [f"{mod} -> {t}" for t in sorted(targets) if part(t) != src and part(t) not in LAYERS[src]]
+    return out
+
+
+def test_every_import_follows_the_layers():
+    """Function-level imports count too: a deferred import is still a dependency (they hid ggufio -> arch,
+    runtime <-> vision, quant <-> compare and checkpoint -> ggufio)."""
+    bad = layer_violations(import_graph())
+    assert not bad, "imports against LAYERS:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_finds_a_back_edge():
+    # the edge that ggufio.writer had before ConversionPlan moved next to it
+    g = import_graph()
+    g["ggufbridge.ggufio.writer"] = g["ggufbridge.ggufio.writer"] | {"ggufbridge.arch.plan"}
+    assert layer_violations(g) == ["ggufbridge.ggufio.writer -> ggufbridge.arch.plan"]
 
 
 def test_no_import_cycle():

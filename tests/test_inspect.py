@@ -12,7 +12,7 @@ from gguf import GGUFReader, GGUFWriter
 
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 
 
 def _inspect(path: Path, *args) -> tuple[int, str]:
@@ -209,7 +209,7 @@ def test_real_vocabulary_draft_keeps_the_upstream_mask_token(tiny_ckpt, tmp_path
 
 def test_converted_mmproj_report(make_ckpt, tmp_path):
     """The mmproj that `convert` writes for the tiny checkpoint, against the fixture's vision spec."""
-    from ggufbridge.synthetic.checkpoint import SPECS
+    from ggufbridge.testkit.checkpoint import SPECS
 
     target = make_ckpt("tiny", vocab="small")
     res = convert(target, tmp_path / "out", outtype="f32", mmproj=True, mmproj_outtype="f16", progress=False)

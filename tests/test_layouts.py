@@ -1,7 +1,7 @@
 """Issue 12: every published tensor-name layout converts to the same GGUF bytes; mixed or unknown layouts are refused;
 config variations are read as the upstream processors read them.
 
-The native 4.7 rewriter below is written out from shared/docs/upstream-layouts.md (sglang 0.5.23
+The native 4.7 rewriter below is written out from docs/formats.md ("Checkpoint layouts") (sglang 0.5.23
 `_V4_7_WEIGHT_PREFIXES` and its nn.Sequential connector names), independently of ggufbridge.checkpoint.layout, so a
 wrong production table makes these tests fail.
 """
@@ -21,7 +21,7 @@ from ggufbridge.arch import minicpmv4_7_vision as V
 from ggufbridge.checkpoint.model_dir import INDEX_NAME, SINGLE_NAME, ModelDir
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit import dspark as fx
 
 # transformers-native prefix → native 4.7 prefix (the inverse of sglang's table; vit_merger before the tower)
 TO_NATIVE = (

@@ -134,12 +134,13 @@ def test_refuses_output_width_mismatch(make_ckpt):
 
 @pytest.mark.slow
 def test_runtime_rejects_mmproj_of_another_width(conv, tmp_path):
-    from ggufbridge.synthetic.checkpoint import TinySpec, make_minicpmv47
-    from ggufbridge.vision.bindings import VisionSession
+    from ggufbridge.testkit.checkpoint import TinySpec, make_minicpmv47
+    from ggufbridge.testkit.bindings import VisionSession
 
     ck = make_minicpmv47(tmp_path / "ck", TinySpec(hidden=32), vocab="small")
     other = convert(ck, tmp_path / "o", outtype="f32", progress=False)
-    with pytest.raises(VisionModelError, match="mmproj output width must equal the text model's hidden size 32, found 64"):
+    with pytest.raises(VisionModelError,
+                       match="mmproj output width must equal the text model's hidden size 32, found 64"):
         VisionSession(other.path("target"), conv("tiny").path("mmproj"))
 
 
@@ -156,8 +157,8 @@ def test_runtime_rejects_mmproj_of_another_width(conv, tmp_path):
 def test_embeddings_match_transformers(conv, make_ckpt, spec, downsample, size):
     """The patched libmtmd slices the image itself (as the processor does) and encodes every crop: its visual rows
     equal transformers' get_image_features on the processor's own pixels, crop by crop."""
-    from ggufbridge.synthetic.checkpoint import load_reference
-    from ggufbridge.vision.bindings import VisionSession
+    from ggufbridge.testkit.checkpoint import load_reference
+    from ggufbridge.testkit.bindings import VisionSession
 
     res = conv(spec, downsample)
     ck = make_ckpt(spec)

@@ -59,7 +59,8 @@ def test_series_round_trips_through_git(tmp_path):
 def test_series_hash_is_build_runtime_sh_cache_key():
     """Computed independently by the same shell pipeline build_runtime.sh runs."""
     files = " ".join(f"'{p.path}'" for p in patches.series())
-    sh = subprocess.run(["bash", "-c", f"for f in {files}; do basename \"$f\"; cat \"$f\"; done | sha256sum | cut -c1-12"],
+    script = f"for f in {files}; do basename \"$f\"; cat \"$f\"; done | sha256sum | cut -c1-12"
+    sh = subprocess.run(["bash", "-c", script],
                         capture_output=True, text=True, check=True).stdout.strip()
     assert patches.series_hash() == sh
     assert patches.series_hash([]) == "none"

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from ggufbridge.cli import cli
 from ggufbridge.errors import PlanError, RecipeError
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime.recipes import load_recipe, packaged_names
 
 from _shape_gguf import write_qwen35moe
@@ -122,7 +122,8 @@ def test_cli_plan_refuses_with_exit_2(tmp_path):
         '{"files": [{"role": "target", "path": "t.gguf", "bytes": %d}], "source": {}, "ggufbridge": "0"}'
         % (out / "t.gguf").stat().st_size)
     recipe = tmp_path / "tiny.toml"
-    recipe.write_text('base = "cpu"\nname = "tiny"\n[memory]\nhost_gib = 1\nhost_headroom_gib = 0.5\ncompute_mib = 600\n')
+    recipe.write_text('base = "cpu"\nname = "tiny"\n[memory]\nhost_gib = 1\nhost_headroom_gib = 0.5\n'
+                      'compute_mib = 600\n')
     res = CliRunner().invoke(cli, ["plan", str(out), "--recipe", str(recipe)])
     assert res.exit_code == 2 and "does not fit recipe tiny" in res.stderr and "Traceback" not in res.output
     ok = CliRunner().invoke(cli, ["plan", str(out), "--recipe", "cpu", "--json"])
@@ -174,7 +175,8 @@ def test_rpc_devices_are_named_as_planned(real, tmp_path):
 
     x2 = load_recipe("spark-x2")
     plan = pl.make_plan(with_weights(real, 65), x2)
-    assert sv.plan_devices(plan) == [("RPC0", "rpc0"), ("CUDA0", "gpu0 (unified)")]
+    assert [(p.device, p.name, p.kind) for p in sv.plan_devices(plan)] == [
+        ("RPC0", "rpc0", "rpc"), ("CUDA0", "gpu0 (unified)", "gpu")]
     # 41 layers (40 blocks + output) split 112:112 as the runtime does: 21 blocks on the worker
     assert "layers: rpc0 0-20, gpu0 (unified) 21-39; output on gpu0 (unified)" in plan.format()
     assert sv.device_args(x2, plan, mmproj=True, draft=True) == [

@@ -8,11 +8,12 @@ and full-attention shapes (2 KV heads of 256) on a tiny hidden size, so the runt
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from ggufbridge.runtime import locate as loc
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.recipes import load_recipe
 

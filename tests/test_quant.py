@@ -43,7 +43,7 @@ def stored(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
     return {t.name: (t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.n_bytes)) for t in r.tensors}
 
 
-def recipe_toml(name: str) -> dict:
+def mix_toml(name: str) -> dict:
     return tomllib.loads(resources.files("ggufbridge").joinpath("recipes", "quant", f"{name}.toml").read_text())
 
 
@@ -77,9 +77,9 @@ def test_recipe_types_are_the_recipe_s_and_llama_cpp_generates(ksafe_bf16, tmp_p
     from ggufbridge.quant import quantize_file
 
     _, src = ksafe_bf16
-    want = recipe_toml(recipe)["types"]
+    want = mix_toml(recipe)["types"]
     out = tmp_path / f"{recipe}.gguf"
-    res = quantize_file(src, out, recipe=recipe, threads=2)
+    res = quantize_file(src, out, mix=recipe, threads=2)
     got = stored(out)
     before = stored(src)
     assert set(got) == set(before)
@@ -101,7 +101,7 @@ def test_hq4_is_not_larger_than_q4_k_m(ksafe_bf16, tmp_path):
     from ggufbridge.quant import quantize_file
 
     _, src = ksafe_bf16
-    a = quantize_file(src, tmp_path / "hq4.gguf", recipe="hq4", threads=2).path.stat().st_size
+    a = quantize_file(src, tmp_path / "hq4.gguf", mix="hq4", threads=2).path.stat().st_size
     b = quantize_file(src, tmp_path / "q4km.gguf", quant="Q4_K_M", threads=2).path.stat().st_size
     assert a <= b
 
@@ -143,10 +143,10 @@ def test_rows_that_are_not_whole_blocks_fall_back_and_are_reported(tiny_bf16, tm
     from ggufbridge.quant import format_quant_report, quantize_file
 
     _, src = tiny_bf16
-    exp = _fallback_expectation(src, recipe_toml("hq4"))
+    exp = _fallback_expectation(src, mix_toml("hq4"))
     assert exp  # the tiny model has such rows
     out = tmp_path / "tiny-hq4.gguf"
-    res = quantize_file(src, out, recipe="hq4", threads=2)
+    res = quantize_file(src, out, mix="hq4", threads=2)
     got = stored(out)
     for name, t in exp.items():
         assert got[name][0] == t, name
@@ -269,9 +269,9 @@ def test_imatrix_output_that_is_an_input_is_refused(tiny_bf16, tmp_path):
     ({"experts_down": "Q9_K"}, "found 'Q9_K'"),
 ])
 def test_recipe_validation_names_expected_and_found(tmp_path, types, message):
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
 
-    full = dict(recipe_toml("hq4")["types"])
+    full = dict(mix_toml("hq4")["types"])
     if "missing" == message:
         del full["experts_down"]
     else:
@@ -280,26 +280,26 @@ def test_recipe_validation_names_expected_and_found(tmp_path, types, message):
     p = tmp_path / "r.toml"
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(QuantError, match=re.escape(message)):
-        load_quant_recipe(str(p))
+        load_mix(str(p))
 
 
 def test_a_mix_that_is_not_utf8_is_refused(tmp_path):
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
 
     f = tmp_path / "m.toml"
     f.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))  # was a UnicodeDecodeError traceback
     with pytest.raises(QuantError, match=r"m.toml: not UTF-8 text \(invalid continuation byte at byte 11\)"):
-        load_quant_recipe(str(f))
+        load_mix(str(f))
 
 
 def test_user_recipe_on_top_of_a_packaged_one(tmp_path):
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
 
     p = tmp_path / "mine.toml"
     p.write_text('base = "hq4"\n[types]\nexperts_down = "Q5_K"\n')
-    r = load_quant_recipe(str(p))
+    r = load_mix(str(p))
     assert r.types["experts_down"] == "Q5_K"
-    assert r.types["experts_gate_up"] == recipe_toml("hq4")["types"]["experts_gate_up"]
+    assert r.types["experts_gate_up"] == mix_toml("hq4")["types"]["experts_gate_up"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -317,46 +317,6 @@ def test_cli_errors_are_one_line(tiny_bf16, tmp_path, args, message):
     assert message in res.output
     assert "Traceback" not in res.output
     assert not (tmp_path / "o.gguf").exists()
-
-
-@pytest.mark.slow
-def test_fit_bytes_picks_the_best_that_fits_and_predicts_sizes_exactly(ksafe_bf16, tmp_path):
-    from ggufbridge.quant.fit import LADDER, choose
-
-    _, src = ksafe_bf16
-    # everything fits a huge budget: the best entry wins
-    best, tried = choose(src, fit_bytes=10**12, ctx=1024)
-    assert best == LADDER[0] and len(tried) == 1
-    # a budget one byte below the second candidate's need skips the first two
-    budget = choose(src, fit_bytes=10**12, ctx=1024, ladder=(LADDER[1],))[1][0].need - 1
-    chosen, tried = choose(src, fit_bytes=budget, ctx=1024)
-    assert tried[0].name == LADDER[0] and not tried[0].fits and not tried[1].fits and tried[-1].fits
-    assert tried[-1].need <= budget
-    # the prediction is what gets written: quantise the chosen entry, compare with gguf-py's byte counts
-    # (the CLI's --fit-bytes is the KL-guided mix now: tests/test_quant_fit.py)
-    from ggufbridge.quant import quantize_file
-    from ggufbridge.quant.fit import _is_recipe
-
-    out = tmp_path / "fit.gguf"
-    quantize_file(src, out, **({"recipe": chosen} if _is_recipe(chosen) else {"quant": chosen}), threads=2)
-    assert {n: b for n, (_, _, b) in stored(out).items()} == tried[-1].tensor_bytes
-
-
-def test_nothing_fits_names_the_smallest(ksafe_bf16):
-    from ggufbridge.quant.fit import choose
-
-    _, src = ksafe_bf16
-    with pytest.raises(QuantError, match="nothing fits 1,000 bytes"):
-        choose(src, fit_bytes=1000, ctx=1024, ladder=("hq3", "Q2_K"))
-
-
-@pytest.mark.slow
-def test_fit_hardware_recipe(ksafe_bf16, tmp_path):
-    from ggufbridge.quant.fit import LADDER, choose
-
-    _, src = ksafe_bf16
-    best, tried = choose(src, hardware="rtx4090", ctx=8192)
-    assert best == LADDER[0] and tried[0].fits and "gpu0" in tried[0].detail
 
 
 @pytest.mark.slow
@@ -390,7 +350,7 @@ def test_inspect_shows_the_quantisation_table(ksafe_bf16, tmp_path):
     from ggufbridge.quant import quantize_file
 
     _, src = ksafe_bf16
-    out = quantize_file(src, tmp_path / "hq3.gguf", recipe="hq3", threads=2).path
+    out = quantize_file(src, tmp_path / "hq3.gguf", mix="hq3", threads=2).path
     res = CliRunner().invoke(cli, ["inspect", str(out)])
     assert res.exit_code == 0, res.output
     assert "what is quantised and what is not (recipe hq3" in res.output

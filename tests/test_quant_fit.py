@@ -99,13 +99,13 @@ def fake_sensitivity(ksafe_bf16, tmp_path_factory):
     from ggufbridge.ggufio.reader import read_header
     from ggufbridge.quant.filesize import HeaderModel
     from ggufbridge.quant.quantize import quantize_file
-    from ggufbridge.quant.sensitivity import CANDIDATE_TYPES, Sensitivity, exact_recipe, source_types, units_of
+    from ggufbridge.quant.sensitivity import CANDIDATE_TYPES, Sensitivity, exact_mix, source_types, units_of
 
     _, src = ksafe_bf16
     h = read_header(src)
     units = units_of(h)
     out = tmp_path_factory.mktemp("fit-header") / "u.gguf"
-    quantize_file(src, out, recipe=exact_recipe("fit-uniform-Q8_0", h, {n: "Q8_0" for ts in units.values()
+    quantize_file(src, out, mix=exact_mix("fit-uniform-Q8_0", h, {n: "Q8_0" for ts in units.values()
                                                                         for n in ts}), threads=2)
     rng = random.Random(1)
     err = {"Q2_K": 40, "Q3_K": 12, "IQ3_S": 10, "IQ4_XS": 4, "Q4_K": 3.5, "Q5_K": 1, "Q6_K": 0.3, "Q8_0": 0.02}
@@ -148,9 +148,21 @@ def test_predicted_size_is_the_written_size(fake_sensitivity, tmp_path):
     for i, budget in enumerate((4_100_000, 6_000_000, 9_500_000)):
         p = plan_fit(sens, budget)
         out = tmp_path / f"m{i}.gguf"
-        quantize_file(src, out, recipe=p.recipe, threads=2)
+        quantize_file(src, out, mix=p.mix, threads=2)
         assert out.stat().st_size == p.file_bytes <= budget
         assert stored_types(out) == p.tensor_types
+
+
+def test_fit_hardware_without_room_names_the_recipe(fake_sensitivity, tmp_path):
+    """--fit HARDWARE on a GPU that holds nothing: one line naming the recipe and the context (the bisection's
+    failure path; test_fit_hardware_takes_the_largest_mix_the_planner_fits has its success path)."""
+    from ggufbridge.quant.optimise import plan_for_hardware
+
+    src, sens = fake_sensitivity
+    none = tmp_path / "none.toml"
+    none.write_text('base = "rtx4090"\nname = "none"\n[memory]\ngpu_gib = [0.5]\nheadroom_gib = 0.5\n')
+    with pytest.raises(QuantError, match="nothing fits recipe .*none.toml at --ctx 8192"):
+        plan_for_hardware(src, sens, str(none), ctx=8192)
 
 
 # --- end to end on the CLI ---------------------------------------------------------------------------------------
@@ -309,20 +321,20 @@ def test_convert_fit_bytes_writes_a_target_within_budget(ksafe_bf16, fit_setup, 
     ('"blk.0.ffn_down_exps.weight" = "Q9_K"', "expected a tensor type"),
 ])
 def test_recipe_tensors_table_is_validated(tmp_path, table, message):
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
 
     p = tmp_path / "mix.toml"
     p.write_text(f'base = "hq4"\n[tensors]\n{table}\n')
     with pytest.raises(QuantError, match=message):
-        load_quant_recipe(str(p))
+        load_mix(str(p))
 
 
 def test_recipe_tensors_override_their_class(tmp_path):
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
 
     p = tmp_path / "mix.toml"
     p.write_text('base = "hq4"\n[tensors]\n"blk.2.ffn_down_exps.weight" = "Q6_K"\n')
-    r = load_quant_recipe(str(p))
+    r = load_mix(str(p))
     assert r.type_for("blk.2.ffn_down_exps.weight", "experts_down") == "Q6_K"
     assert r.type_for("blk.1.ffn_down_exps.weight", "experts_down") == tomllib.loads(
         (__import__("importlib").resources.files("ggufbridge") / "recipes" / "quant" / "hq4.toml").read_text()

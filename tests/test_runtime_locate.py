@@ -142,7 +142,8 @@ def test_non_executable_and_broken_server(tmp_path):
 
     b2 = tmp_path / "broken"
     b2.mkdir()
-    _exe(b2 / "llama-server", 'echo "llama-server: error while loading shared libraries: libllama.so.0" >&2\nexit 127\n')
+    _exe(b2 / "llama-server",
+         'echo "llama-server: error while loading shared libraries: libllama.so.0" >&2\nexit 127\n')
     res = CliRunner().invoke(cli, ["doctor", "--llama-bin", str(b2), "--python", sys.executable])
     assert res.exit_code == 2
     assert any(p.startswith("problem: llama-server --version") and "shared libraries" in p for p in _problems(res))

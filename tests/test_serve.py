@@ -202,6 +202,40 @@ def test_serve_with_draft_gives_the_same_greedy_text(model_dir):
         assert content == reference
 
 
+def test_serve_run_once_and_bench_from_python(model_dir, tmp_path):
+    """The library functions the commands call: `serve` reports its command, plan and ready line, answers, and
+    stops on SIGINT with nothing left running; `run_once` gives the text the served model gives for the same chat;
+    `bench` returns its measurements without writing the report files."""
+    from ggufbridge.runtime import bench, run_once, serve
+
+    lines, seen = [], {}
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if line.startswith("ready: "):
+            url = line.split()[1].removesuffix("/v1")
+            status, body = sv.http_json(url + "/v1/chat/completions", CHAT)
+            seen.update(status=status, content=body["choices"][0]["message"]["content"], url=url)
+            seen["server_pids"] = [pid for pid in _children(os.getpid())
+                                   if b"llama-server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            os.kill(os.getpid(), signal.SIGINT)
+
+    port = sv.free_port()
+    end = serve(model_dir, port=port, ctx=2048, log_path=tmp_path / "server.log", say=say)
+    assert end.signum == signal.SIGINT and end.ready
+    assert lines[0].startswith("command: ") and f"--port {port}" in lines[0]
+    assert lines[1].startswith("memory plan") and lines[-1].startswith("ready: ")
+    assert seen["status"] == 200 and seen["content"]
+    assert not _port_open(port) and seen["server_pids"] and not any(_alive(pid) for pid in seen["server_pids"])
+
+    answer = run_once(model_dir, CHAT["messages"][0]["content"], n_predict=CHAT["max_tokens"])
+    assert answer == seen["content"]
+
+    result = bench(model_dir, prompt_lengths=[16], n_predict=4, log_dir=tmp_path / "bench")
+    assert [r["prompt_tokens"] for r in result["rows"]] == [16] and result["rows"][0]["target"]["decode_tok_s"] > 0
+    assert list(result["commands"]) == ["target"] and not (tmp_path / "bench" / "bench.json").exists()
+
+
 def test_killed_ggufbridge_leaves_no_server(model_dir):
     with Serving(model_dir) as s:
         s.wait_ready()

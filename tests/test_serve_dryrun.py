@@ -57,7 +57,8 @@ def test_dry_run(model_dir, name, draft):
     assert int(_flag(argv, "-c")) == expected_ctx
     assert (_flag(argv, "-ctk"), _flag(argv, "-ctv"), _flag(argv, "-fa")) == \
         (srv["cache_type_k"], srv["cache_type_v"], srv["flash_attn"])
-    assert (_flag(argv, "-np"), _flag(argv, "--host"), _flag(argv, "--port")) == (str(srv["parallel"]), "127.0.0.1", "8099")
+    assert (_flag(argv, "-np"), _flag(argv, "--host"), _flag(argv, "--port")) == (
+        str(srv["parallel"]), "127.0.0.1", "8099")
     assert _flag(argv, "-m") == str(model_dir / next(p.name for p in model_dir.glob("MiniCPM-V-4_7-*.gguf")))
     assert int(_flag(argv, "-ngl")) == (0 if recipe.backend == "cpu" else 5)  # tiny target: 4 blocks + head
     if recipe.rpc["workers"]:

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggufbridge.cli import cli
-from ggufbridge.cli.run import assistant_text
+from ggufbridge.runtime.oneshot import assistant_text
 from ggufbridge.errors import ServerError
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import server as sv
@@ -54,7 +54,7 @@ def test_run_with_an_image(make_ckpt, tmp_path_factory, tmp_path):
     import numpy as np
     from PIL import Image
 
-    from ggufbridge.compare import served_chat as sc
+    from ggufbridge.testkit import served_chat as sc
 
     model = converted(make_ckpt, tmp_path_factory, with_draft=True)
     img = tmp_path / "img.png"

@@ -17,7 +17,7 @@ import pytest
 
 from _runtime_models import serve_process
 from _vision_helpers import SPEC_THW, hf_processor, random_image, refit_head, upstream_convention_copy
-from ggufbridge.compare import served_chat as sc
+from ggufbridge.testkit import served_chat as sc
 from ggufbridge.convert import convert
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def _messages(name: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from ggufbridge.synthetic.checkpoint import load_reference, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
 
     ck = make_minicpmv47(tmp_path_factory.mktemp("sv-ck"), SPEC, vocab="small")
     return ck, load_reference(ck)
@@ -236,7 +236,7 @@ def _encode(ck, text: str) -> list[int]:
 
 @pytest.mark.parametrize("recipe", ["cpu", pytest.param("h200", marks=pytest.mark.gpu)])
 def test_greedy_equals_transformers_with_and_without_the_draft(ckpt, tmp_path, recipe):
-    from ggufbridge.synthetic.dspark import make_dspark
+    from ggufbridge.testkit.dspark import make_dspark
 
     names = list(CASES)  # every layout, 16x and 4x
     ck = _decisive(ckpt, tmp_path, names)

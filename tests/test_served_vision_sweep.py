@@ -23,7 +23,7 @@ import pytest
 
 from _runtime_models import serve_process
 from _vision_helpers import SPEC_THW, hf_processor, random_image
-from ggufbridge.compare import served_chat as sc
+from ggufbridge.testkit import served_chat as sc
 from ggufbridge.convert import convert
 
 pytestmark = pytest.mark.slow
@@ -89,7 +89,7 @@ def shapes(ip, mode: str) -> list[Shape]:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from ggufbridge.synthetic.checkpoint import load_reference, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
 
     ck = make_minicpmv47(tmp_path_factory.mktemp("sweep-ck"), SPEC, vocab="small")
     return ck, load_reference(ck)

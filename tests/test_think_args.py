@@ -20,7 +20,7 @@ def test_reasoning_args(tmp_path, think, budget, recipe_extra, expected):
     path = tmp_path / "r.toml"
     path.write_text(f'base = "cpu"\nname = "r"\n[server]\nctx = 2048\n{recipe_extra}')
     opts = sv.ServeOptions(think=think, reasoning_budget=budget)
-    assert sv._reasoning_args(load_recipe(str(path)), opts) == expected
+    assert sv.reasoning_args(load_recipe(str(path)), opts) == expected
 
 
 @pytest.mark.parametrize("line, match", [("think = 1", "server.think: expected true or false"),

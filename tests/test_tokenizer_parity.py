@@ -17,7 +17,7 @@ from gguf import GGUFReader
 
 from ggufbridge.convert import convert
 from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
-from ggufbridge.synthetic.vocab import VOCAB_SIZE, marker_ids, reference_encode, reference_encoding
+from ggufbridge.testkit.vocab import VOCAB_SIZE, marker_ids, reference_encode, reference_encoding
 from ggufbridge.ggufio.tokenizer import CONTROL, UNUSED
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def gguf_path(tiny_ckpt, tmp_path_factory):
-    return convert(tiny_ckpt, tmp_path_factory.mktemp("tok"), outtype="f16", progress=False, mmproj=False).path("target")
+    return convert(tiny_ckpt, tmp_path_factory.mktemp("tok"), outtype="f16", progress=False,
+                   mmproj=False).path("target")
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,7 @@ def test_chat_template_thinks_by_default(gguf_path, tiny_ckpt):
 
     template = GGUFReader(str(gguf_path)).fields["tokenizer.chat_template"].contents()
     msgs = [{"role": "user", "content": "Hi"}]
-    hf = AutoTokenizer.from_pretrained(str(tiny_ckpt)).apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    hf = AutoTokenizer.from_pretrained(str(tiny_ckpt)).apply_chat_template(msgs, tokenize=False,
+                                                                            add_generation_prompt=True)
     ours = jinja2.Environment().from_string(template).render(messages=msgs, add_generation_prompt=True)
     assert ours == hf and ours.endswith("<|im_start|>assistant\n<think>\n")

@@ -217,7 +217,7 @@ def test_video_settings_are_read_where_transformers_reads_them(tmp_path, where):
     from ggufbridge.arch.minicpmv4_7_vision import read_video_settings
     from ggufbridge.checkpoint.model_dir import ModelDir
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+    from ggufbridge.testkit.checkpoint import make_minicpmv47
 
     ck = make_minicpmv47(tmp_path / "ck", "tiny")
     pre = json.loads((ck / "preprocessor_config.json").read_text())
@@ -231,8 +231,9 @@ def test_video_settings_are_read_where_transformers_reads_them(tmp_path, where):
         (ck / "preprocessor_config.json").write_text(json.dumps(decoy))
     elif where == "preprocessor_config":
         (ck / "preprocessor_config.json").write_text(json.dumps(vp))
-    hf = {**{"max_num_frames": 128, "stack_frames": 1}, **{k: v for k, v in
-          MiniCPMV4_6VideoProcessor.get_video_processor_dict(str(ck))[0].items() if k in ("max_num_frames", "stack_frames")}}
+    upstream = MiniCPMV4_6VideoProcessor.get_video_processor_dict(str(ck))[0]
+    hf = {"max_num_frames": 128, "stack_frames": 1,
+          **{k: v for k, v in upstream.items() if k in ("max_num_frames", "stack_frames")}}
     assert read_video_settings(ModelDir.open(ck)) == hf
     out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", progress=False)
     got = video.VideoSettings.of_mmproj(out.path("mmproj"))
@@ -250,9 +251,9 @@ def model(tmp_path_factory):
     import dataclasses
 
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import load_reference, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
 
-    from ggufbridge.synthetic.dspark import make_dspark
+    from ggufbridge.testkit.dspark import make_dspark
 
     spec = dataclasses.replace(SPEC_THW, linear_k_dim=16, linear_v_dim=16)
     ck = make_minicpmv47(tmp_path_factory.mktemp("vid-ck"), spec, vocab="small")
@@ -291,7 +292,7 @@ def _hf(ck, ref, clip, question=QUESTION, downsample=None, logits=True):
 
 
 def _runtime_chunks(res, clip, question=QUESTION, encode=False):
-    from ggufbridge.vision.bindings import VisionSession
+    from ggufbridge.testkit.bindings import VisionSession
 
     info = video.probe(clip)
     frames = list(video.iter_frames(str(clip), video.sample_indices(info)))
@@ -335,7 +336,7 @@ def test_layout_and_positions_match_transformers(model, tmp_path, name):
 def test_without_the_patch_frames_get_image_ids(model, tmp_path):
     """The ablation: the same frames passed as pictures (not marked as a clip's frames) get <image_id>N</image_id>
     each, which the processor never puts in a video prompt: the layout no longer matches."""
-    from ggufbridge.vision.bindings import VisionSession
+    from ggufbridge.testkit.bindings import VisionSession
 
     ck, outs, ref = model
     clip = make_clip(tmp_path / "c.mp4", 20, 10, w=112, h=112)
@@ -413,7 +414,7 @@ def served_video(model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ban(model):
-    from ggufbridge.compare import served_chat as sc
+    from ggufbridge.testkit import served_chat as sc
 
     return {str(i): False for i in sc.partial_utf8_ids(hf_processor_with_video(model[0]).tokenizer)}
 
@@ -423,7 +424,7 @@ def ban(model):
 def test_served_video_matches_transformers(model, served_video, ban, tmp_path, draft):
     """A clip sent as an OpenAI `video_url` part to `ggufbridge serve` (with and without --draft): the same prompt
     length as transformers' processor, and teacher-forced KL < 1e-3 on the generated tokens."""
-    from ggufbridge.compare import served_chat as sc
+    from ggufbridge.testkit import served_chat as sc
 
     ck, _, ref = model
     clip = make_clip(tmp_path / "c.mp4", 32, Fraction(30000, 1001), w=250, h=130, codec="libx264", seed=7)
@@ -465,7 +466,7 @@ def test_stacked_frames_are_refused(tmp_path):
     (pictures are unaffected), and `run --video` refuses the clip in one line, exit 2, before any server starts."""
     from ggufbridge.cli import cli as main
     from ggufbridge.convert import convert
-    from ggufbridge.synthetic.checkpoint import make_minicpmv47
+    from ggufbridge.testkit.checkpoint import make_minicpmv47
 
     ck = make_minicpmv47(tmp_path / "ck", "tiny")
     pre = json.loads((ck / "preprocessor_config.json").read_text())
@@ -540,7 +541,7 @@ def _hf_greedy(ck, clip: Path, n: int) -> list[int]:
     """transformers' greedy continuation (generate, do_sample=False) of the clip's chat."""
     import torch
 
-    from ggufbridge.synthetic.checkpoint import load_reference
+    from ggufbridge.testkit.checkpoint import load_reference
 
     ref = load_reference(ck)
     ref.config.video_token_id = ref.model.config.video_token_id = ref.config.image_token_id  # as in `model`

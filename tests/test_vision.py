@@ -49,7 +49,8 @@ def test_load_image_accepts_png_and_composites_alpha(tmp_path):
 def test_bad_images(tmp_path, name, content, match):
     p = tmp_path / name
     if content == "TRUNC":
-        full = _png(64, 64, zlib.compress(np.random.default_rng(0).integers(0, 256, 64 * 193, dtype=np.uint8).tobytes()))
+        pixels = np.random.default_rng(0).integers(0, 256, 64 * 193, dtype=np.uint8).tobytes()
+        full = _png(64, 64, zlib.compress(pixels))
         p.write_bytes(full[: len(full) // 2])
     elif content == "HUGE":  # a valid header announcing 100 megapixels, and no pixel data to speak of
         p.write_bytes(_png(10000, 10000, zlib.compress(b"\0" * 16)))
@@ -77,7 +78,7 @@ IMAGES = [(130, 250), (300, 300), (112, 112)]  # 2×1 slices (row newline), 3×3
 @pytest.fixture(scope="module")
 def thw(tmp_path_factory):
     """A checkpoint whose M-RoPE rotates t, h and w, converted: text F32, mmproj F32 (16x), and a 4x mmproj."""
-    from ggufbridge.synthetic.checkpoint import load_reference, make_minicpmv47
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
 
     ck = make_minicpmv47(tmp_path_factory.mktemp("thw-ck"), SPEC_THW)
     res = convert(ck, tmp_path_factory.mktemp("thw-out"), outtype="f32", mmproj_outtype="f32", progress=False)
@@ -87,7 +88,7 @@ def thw(tmp_path_factory):
 
 
 def _session(res, **kw):
-    from ggufbridge.vision.bindings import VisionSession
+    from ggufbridge.testkit.bindings import VisionSession
 
     return VisionSession(res.path("target"), res.path("mmproj"), n_ctx=2048, **kw)
 

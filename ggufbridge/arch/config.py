@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 from ggufbridge.errors import ConfigError
+from ggufbridge.units import INT32_MAX
 
 REQUIRED = object()
-INT32_MAX = 2**31 - 1
 
 
 class Cfg:

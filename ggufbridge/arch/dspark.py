@@ -1,6 +1,6 @@
 """DSpark drafter (`Qwen3DSparkModel`: DFlash backbone + Markov head + confidence head) → `dflash` GGUF.
 
-Facts: shared/docs/runtime-facts.md section D. The draft has no vocabulary of its own: it carries a full copy of
+Facts and their sources: docs/formats.md, "Draft". The draft has no vocabulary of its own: it carries a full copy of
 the target's tokenizer keys and borrows the target's token embeddings and LM head at run time unless it ships its
 own. Every pairing rule is checked here, in `plan_draft`, before any output file is opened.
 
@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, check_leftover, planned
+from ggufbridge.arch.plan import Row, check_leftover, planned
+from ggufbridge.ggufio.plan import ConversionPlan, Note, PlannedTensor
 from ggufbridge.checkpoint.layout import expect_family
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.checkpoint.safetensors import TensorRef
@@ -56,7 +57,7 @@ class DraftParams:
     markov_rank: int = 0  # markov_w1's columns: from the checkpoint's tensors, not the config (set by plan_draft)
 
     @classmethod
-    def read(cls, cfg: Cfg, notes: list[str]) -> "DraftParams":
+    def read(cls, cfg: Cfg, notes: list[Note]) -> "DraftParams":
         archs = cfg.get("architectures", list, None)
         if not archs or archs[0] not in ARCHITECTURES:
             raise UnsupportedArchitecture(
@@ -75,7 +76,8 @@ class DraftParams:
         coupling = _coupling(cfg, nested, notes)
 
         head_dim = cfg.positive("head_dim", cfg.positive("hidden_size") // cfg.positive("num_attention_heads"))
-        rope = Cfg(cfg.data.get("rope_parameters") or cfg.data.get("rope_scaling") or {}, f"{cfg.where}:rope_parameters")
+        rope = Cfg(cfg.data.get("rope_parameters") or cfg.data.get("rope_scaling") or {},
+                   f"{cfg.where}:rope_parameters")
         rope_type = rope.get("rope_type", str, rope.get("type", str, "default"))
         check(rope_type == "default", f"{cfg.where}: rope_type must be 'default', found {rope_type!r}")
         prf = rope.get("partial_rotary_factor", float, cfg.get("partial_rotary_factor", float, None))
@@ -114,21 +116,21 @@ class DraftParams:
         )
 
 
-def _coupling(cfg: Cfg, nested: Cfg | None, notes: list[str]) -> dict:
+def _coupling(cfg: Cfg, nested: Cfg | None, notes: list[Note]) -> dict:
     """block_size / target_layer_ids / mask_token_id from either schema; both present must agree."""
     out = {}
-    for key, typ in COUPLING_KEYS.items():
-        top = cfg.get(key, typ, None)
-        sub = nested.get(key, typ, None) if nested else None
+    for name, typ in COUPLING_KEYS.items():
+        top = cfg.get(name, typ, None)
+        sub = nested.get(name, typ, None) if nested else None
         if top is not None and sub is not None and top != sub:
-            raise ConfigError(f"{cfg.where}: {key} is {top!r} at the top level but {sub!r} in dflash_config")
+            raise ConfigError(f"{cfg.where}: {name} is {top!r} at the top level but {sub!r} in dflash_config")
         val = sub if sub is not None else top
         if val is None:
-            if key != "block_size":
-                raise ConfigError(f"{cfg.where}: missing required key {key!r} (top level or dflash_config)")
+            if name != "block_size":
+                raise ConfigError(f"{cfg.where}: missing required key {name!r} (top level or dflash_config)")
             val = DEFAULT_BLOCK_SIZE
-            notes.append(f"draft config has no block_size: using the DFlash default {DEFAULT_BLOCK_SIZE}")
-        out[key] = val
+            notes.append(Note(f"draft config has no block_size: using the DFlash default {DEFAULT_BLOCK_SIZE}"))
+        out[name] = val
     ids = out["target_layer_ids"]
     if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ConfigError(f"{cfg.where}: target_layer_ids must be a non-empty list of integers, found {ids!r}")
@@ -191,7 +193,7 @@ def _d2t_tensor(ref: TensorRef, p: DraftParams) -> PlannedTensor:
 
 
 def check_pairing(p: DraftParams, target_params, markov_rows: tuple[int, int]) -> None:
-    """Every coupling rule of runtime-facts D.5, each naming the expected and the found value."""
+    """Every draft/target coupling rule (docs/formats.md, "Draft"), each naming the expected and the found value."""
     t = target_params
     if p.vocab_size != t.vocab_size:
         raise PairingError(f"draft vocab_size must equal the target's {t.vocab_size}, found {p.vocab_size}")
@@ -209,7 +211,8 @@ def check_pairing(p: DraftParams, target_params, markov_rows: tuple[int, int]) -
     if w1 != t.vocab_size:
         raise PairingError(f"markov_head.markov_w1 must have one row per target token ({t.vocab_size}), found {w1}")
     if w2 != p.draft_vocab_size:
-        raise PairingError(f"markov_head.markov_w2 must have one row per draft token ({p.draft_vocab_size}), found {w2}")
+        raise PairingError(f"markov_head.markov_w2 must have one row per draft token ({p.draft_vocab_size}), "
+                           f"found {w2}")
 
 
 def _target_uses_mrope(target: ModelDir) -> bool:
@@ -231,7 +234,8 @@ def plan_draft(dmd: ModelDir, *, target: ModelDir, target_plan: ConversionPlan, 
     check_pairing(p, target_params, (w1.shape[0], w2.shape[0]))
     rank = w1.shape[1]
     if len(w2.shape) != 2 or w2.shape[1] != rank:
-        raise CheckpointError(f"markov_head.markov_w2: expected {rank} columns (markov_w1's rank), found {list(w2.shape)}")
+        raise CheckpointError(f"markov_head.markov_w2: expected {rank} columns (markov_w1's rank), "
+                              f"found {list(w2.shape)}")
     p = replace(p, markov_rank=rank)
 
     used: set[str] = set()
@@ -258,7 +262,7 @@ def plan_draft(dmd: ModelDir, *, target: ModelDir, target_plan: ConversionPlan, 
 
     _add_metadata(plan, p, has_conf, target, target_plan, target_params)
     for warning in sanity_warnings(tensors, used, rank):
-        plan.notes.append(f"draft sanity warning: {warning}")
+        plan.note(f"draft sanity warning: {warning}", "warning")
     return plan
 
 
@@ -290,7 +294,7 @@ def _plan_vocab_tensors(plan: ConversionPlan, p: DraftParams, tensors: dict, use
             raise PairingError("the draft ships embed_tokens but no lm_head, and the target has no separate "
                                "output.weight to share")
         plan.tensors.append(target_head)
-        plan.notes.append("draft ships embed_tokens without lm_head: the target's output head was copied into it")
+        plan.note("draft ships embed_tokens without lm_head: the target's output head was copied into it")
 
 
 def _add_metadata(plan: ConversionPlan, p: DraftParams, has_conf: bool, target: ModelDir, target_plan, tp) -> None:

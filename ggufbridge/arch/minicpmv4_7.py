@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ggufbridge.arch import qwen35moe
 from ggufbridge.arch.config import Cfg
-from ggufbridge.arch.plan import ConversionPlan, check_leftover
+from ggufbridge.arch.plan import check_leftover
+from ggufbridge.ggufio.plan import ConversionPlan
 from ggufbridge.checkpoint.layout import expect_family
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.ggufio.tokenizer import add_vocab, read_vocab

@@ -1,8 +1,8 @@
 """MiniCPM-V 4.7 vision tower (SigLIP + window-attention vit_merger + downsample merger) → mmproj GGUF for the
 runtime's `minicpmv4_6` projector.
 
-Facts: shared/docs/runtime-facts.md section C. The name tables below are the whole mapping; the only transform
-is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
+Facts and their sources: docs/formats.md, "Vision projector". The name tables below are the whole mapping; the only
+transform is the position-table expansion to the runtime's hard-coded 70×70 bucket grid.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, planned
+from ggufbridge.arch.plan import Row, planned
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.model_dir import ModelDir, load_json
 from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
@@ -114,7 +115,8 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     patch = v.positive("patch_size", 14)
     n_layer = v.positive("num_hidden_layers")
     img = v.positive("image_size", 980)
-    check(hidden % n_head == 0, f"{v.where}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({n_head})")
+    check(hidden % n_head == 0,
+          f"{v.where}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({n_head})")
     check(img % patch == 0, f"{v.where}: image_size ({img}) must be a multiple of patch_size ({patch})")
     # The runtime swaps fc1/fc2 whenever ffn_down's row length equals the hidden size (legacy-export fix), which a
     # correct file with intermediate_size == hidden_size would trigger: the result would be silently wrong.
@@ -126,7 +128,8 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     insert = root.get("insert_layer_id", int, v.get("insert_layer_id", int, 6))
     check(0 <= insert < n_layer, f"config.json: insert_layer_id must be in 0..{n_layer - 1}, found {insert}")
     merger_times = root.get("merger_times", int, 1)
-    check(merger_times == 1, f"config.json: merger_times must be 1 (the runtime has one final merger), found {merger_times}")
+    check(merger_times == 1,
+          f"config.json: merger_times must be 1 (the runtime has one final merger), found {merger_times}")
     kernel = root.get("merge_kernel_size", list, [2, 2])
     check(list(kernel) == [2, 2], f"config.json: merge_kernel_size must be [2, 2], found {kernel}")
 
@@ -137,7 +140,8 @@ def read_params(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     # processor, sglang, mlx-vlm: 448).
     slice_size = pre.positive("scale_resolution", DEFAULT_SCALE_RESOLUTION)
     pre_patch = pre.positive("patch_size", patch)
-    check(pre_patch == patch, f"{pre.where}: patch_size must equal vision_config.patch_size ({patch}), found {pre_patch}")
+    check(pre_patch == patch,
+          f"{pre.where}: patch_size must equal vision_config.patch_size ({patch}), found {pre_patch}")
     align = patch * DOWNSAMPLE[mode][1]
     # Warm-up encodes a slice_size² image; slices are aligned to patch·merge, so the slice size must be too.
     check(slice_size % (patch * 4) == 0,
@@ -275,10 +279,10 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
         for row in VIT_MERGER:
             take(f"{TOWER}vit_merger.{row.source}", row.shape(p), row.gguf)
     else:
-        plan.notes.append("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
+        plan.note("mmproj: 4x downsampling, vit_merger tensors not written (the runtime skips that stage)")
     if p.grid != RUNTIME_GRID:
         exact = RUNTIME_GRID % p.grid == 0
-        plan.notes.append(f"mmproj: position table {p.grid}×{p.grid} expanded to the runtime's 70×70 bucket grid"
+        plan.note(f"mmproj: position table {p.grid}×{p.grid} expanded to the runtime's 70×70 bucket grid"
                           + ("" if exact else " (bucket centres; not exact for every image size)"))
     out = md.tensors.get(MERGER + "linear_2.weight")
     if out is not None and out.shape[0] != p.text_hidden:

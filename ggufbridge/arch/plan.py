@@ -1,63 +1,17 @@
-"""What a converter hands to the GGUF writer (metadata and a list of lazily built output tensors), and the pieces
-every converter builds it from: one row type for its name tables (`Row`), one planned-tensor constructor that checks
-the source shape (`planned`), one check that no source tensor is left unconverted (`check_leftover`)."""
+"""The pieces every converter builds its plan (ggufbridge.ggufio.plan: what the writer takes) from: one row type
+for its name tables (`Row`), one planned-tensor constructor that checks the source shape (`planned`), one check that
+no source tensor is left unconverted (`check_leftover`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from ggufbridge.checkpoint.safetensors import TensorRef
 from ggufbridge.errors import CheckpointError
-
-
-@dataclass
-class PlannedTensor:
-    """One GGUF tensor. `build()` reads its sources and returns the array in numpy (PyTorch) order, either in the
-    source's storage dtype (BF16 as uint16 bit patterns) when only permutations were applied, or as float32."""
-
-    name: str
-    shape: tuple[int, ...]
-    sources: list[TensorRef]
-    build: Callable[[], tuple[np.ndarray, str]]  # -> (array, dtype tag "F32" | "F16" | "BF16" | ...)
-    force_f32: bool = False  # element-wise weights the runtime needs in F32 (norms, biases, SSM parameters)
-    ggml_type: str | None = None  # forces the stored GGML type by name (e.g. "I64" for DSpark's d2t ids)
-
-    @property
-    def source_bytes(self) -> int:
-        return sum(s.nbytes for s in self.sources)
-
-
-@dataclass
-class KV:
-    key: str
-    value: object
-    kind: str  # "u32" | "f32" | "bool" | "str" | "arr"  — explicit: the runtime's reads are type-strict
-
-
-@dataclass
-class ConversionPlan:
-    arch: str
-    kvs: list[KV] = field(default_factory=list)
-    tensors: list[PlannedTensor] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # one-line facts worth telling the user
-
-    def u32(self, key: str, v: int) -> None:
-        self.kvs.append(KV(key, int(v), "u32"))
-
-    def f32(self, key: str, v: float) -> None:
-        self.kvs.append(KV(key, float(v), "f32"))
-
-    def bool(self, key: str, v: bool) -> None:
-        self.kvs.append(KV(key, bool(v), "bool"))
-
-    def str(self, key: str, v: str) -> None:
-        self.kvs.append(KV(key, v, "str"))
-
-    def arr(self, key: str, v: list) -> None:
-        self.kvs.append(KV(key, list(v), "arr"))
+from ggufbridge.ggufio.plan import PlannedTensor
 
 
 @dataclass(frozen=True)

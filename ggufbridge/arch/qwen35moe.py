@@ -1,6 +1,6 @@
 """Qwen3.5 hybrid MoE text tower (gated delta-net + gated full attention, routed + shared experts) → `qwen35moe`.
 
-Facts: shared/docs/runtime-facts.md section A. The name tables below are the whole mapping; the transforms are
+Facts and their sources: docs/formats.md, "Target". The name tables below are the whole mapping; the transforms are
 named so that each one is defined once, used by name, and can be switched off in the ablation tests.
 """
 
@@ -12,7 +12,8 @@ from typing import Callable
 import numpy as np
 
 from ggufbridge.arch.config import Cfg, check
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor, Row, planned
+from ggufbridge.arch.plan import Row, planned
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.safetensors import DTYPES, TensorRef, to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
 from ggufbridge.ggufio.names import MODEL_ARCH, MODEL_ARCH_NAMES, RECURRENT_LAYERS, Keys, key, tensor
@@ -63,11 +64,13 @@ class TextParams:
         n_layer = text.positive("num_hidden_layers")
         check(n_layer <= 512, f"{text.where}: num_hidden_layers must be ≤ 512, found {n_layer}")
         head_dim = text.positive("head_dim")
-        rope = Cfg(text.data.get("rope_parameters") or text.data.get("rope_scaling") or {}, f"{text.where}:rope_parameters")
+        rope = Cfg(text.data.get("rope_parameters") or text.data.get("rope_scaling") or {},
+                   f"{text.where}:rope_parameters")
         prf = rope.get("partial_rotary_factor", float, text.get("partial_rotary_factor", float, 0.25))
         n_rot = int(head_dim * prf)
         check(0 < n_rot <= head_dim and n_rot % 2 == 0,
-              f"{text.where}: head_dim × partial_rotary_factor must be an even number in (0, {head_dim}], found {n_rot}")
+              f"{text.where}: head_dim × partial_rotary_factor must be an even number in (0, {head_dim}], "
+              f"found {n_rot}")
         msec = rope.get("mrope_section", list, DEFAULT_MROPE_SECTION)
         check(len(msec) == 3 and all(isinstance(s, int) and s >= 0 for s in msec),
               f"{text.where}: mrope_section must be 3 non-negative integers, found {msec}")
@@ -85,7 +88,8 @@ class TextParams:
               f"{text.where}: layer_types has {len(layer_types)} entries, expected num_hidden_layers = {n_layer}")
         bad = [t for t in layer_types if t not in ("linear_attention", "full_attention")]
         if bad:
-            raise ConfigError(f"{text.where}: layer_types entries must be 'linear_attention' or 'full_attention', found {bad[0]!r}")
+            raise ConfigError(f"{text.where}: layer_types entries must be 'linear_attention' or 'full_attention', "
+                              f"found {bad[0]!r}")
 
         n_expert = text.positive("num_experts")
         used = text.positive("num_experts_per_tok")
@@ -93,13 +97,16 @@ class TextParams:
         check(used <= n_expert, f"{text.where}: num_experts_per_tok must be ≤ num_experts ({n_expert}), found {used}")
         dk = text.positive("linear_key_head_dim")
         dv = text.positive("linear_value_head_dim")
-        check(dk == dv, f"{text.where}: linear_value_head_dim must equal linear_key_head_dim ({dk}) for this runtime, found {dv}")
+        check(dk == dv, f"{text.where}: linear_value_head_dim must equal linear_key_head_dim ({dk}) for this "
+                        f"runtime, found {dv}")
         gk = text.positive("linear_num_key_heads")
         hv = text.positive("linear_num_value_heads")
-        check(hv % gk == 0, f"{text.where}: linear_num_value_heads ({hv}) must be a multiple of linear_num_key_heads ({gk})")
+        check(hv % gk == 0,
+              f"{text.where}: linear_num_value_heads ({hv}) must be a multiple of linear_num_key_heads ({gk})")
         n_head = text.positive("num_attention_heads")
         n_head_kv = text.positive("num_key_value_heads")
-        check(n_head % n_head_kv == 0, f"{text.where}: num_attention_heads ({n_head}) must be a multiple of num_key_value_heads ({n_head_kv})")
+        check(n_head % n_head_kv == 0, f"{text.where}: num_attention_heads ({n_head}) must be a multiple of "
+                                       f"num_key_value_heads ({n_head_kv})")
         kernel = text.positive("linear_conv_kernel_dim")
         check(kernel >= 2, f"{text.where}: linear_conv_kernel_dim must be ≥ 2, found {kernel}")
         return cls(
@@ -256,7 +263,8 @@ def _experts(gname: str, per_expert: str, fused: str, part: str, prefix: str, te
         ref = tensors[fused_name]
         want = (p.n_expert, p.hidden, p.ff_exp) if down else (p.n_expert, 2 * p.ff_exp, p.hidden)
         if ref.shape != want:
-            raise CheckpointError(f"tensor {fused_name}: expected shape {list(want)} from the config, found {list(ref.shape)}")
+            raise CheckpointError(f"tensor {fused_name}: expected shape {list(want)} from the config, "
+                                  f"found {list(ref.shape)}")
         used.add(fused_name)
 
         def build():
@@ -274,7 +282,8 @@ def _experts(gname: str, per_expert: str, fused: str, part: str, prefix: str, te
     refs = [tensors[n] for n in names]
     for r in refs:
         if r.shape != per_shape:
-            raise CheckpointError(f"tensor {r.name}: expected shape {list(per_shape)} from the config, found {list(r.shape)}")
+            raise CheckpointError(f"tensor {r.name}: expected shape {list(per_shape)} from the config, "
+                                  f"found {list(r.shape)}")
     dtypes = {r.dtype for r in refs}
     if len(dtypes) != 1:
         raise CheckpointError(f"layer {il}: experts of {gname} mix dtypes {sorted(dtypes)}")
@@ -290,7 +299,8 @@ def _experts(gname: str, per_expert: str, fused: str, part: str, prefix: str, te
     return PlannedTensor(f"blk.{il}.{gname}", (p.n_expert, *per_shape), refs, build)
 
 
-def plan_text(plan: ConversionPlan, p: TextParams, tensors: dict[str, TensorRef], prefix: str, head_name: str) -> set[str]:
+def plan_text(plan: ConversionPlan, p: TextParams, tensors: dict[str, TensorRef], prefix: str,
+              head_name: str) -> set[str]:
     """Add the qwen35moe metadata and tensors to `plan`. Returns the source tensor names consumed."""
     a = ARCH
     plan.u32(key(Keys.LLM.BLOCK_COUNT, a), p.n_layer)
@@ -341,7 +351,7 @@ def plan_text(plan: ConversionPlan, p: TextParams, tensors: dict[str, TensorRef]
         for gname, per_expert, fused, part in EXPERTS:
             plan.tensors.append(_experts(gname, per_expert, fused, part, lp, tensors, p, il, used))
     if p.mtp_layers:
-        plan.notes.append(
+        plan.note(
             f"config declares {p.mtp_layers} MTP layer(s) but the checkpoint ships none: converted without MTP"
             if not any(".mtp." in n or n.startswith("mtp.") for n in tensors)
             else "MTP layers present but not converted (MiniCPM-V 4.7 GGUF has no MTP): converted without MTP"

@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ggufbridge.errors import HubError
-from ggufbridge.ggufio.manifest import sha256_file
+from ggufbridge.files import sha256_file
 
 log = logging.getLogger(__name__)
 

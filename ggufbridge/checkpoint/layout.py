@@ -4,7 +4,7 @@ The converter reads canonical names only: transformers-native names for the targ
 `model.vision_tower.*`, `model.merger.*`, `lm_head.*`, `mtp.*`) and bare upstream names for the draft (`layers.N.*`,
 `fc.*`, ...). `canonicalize` finds the one layout that has every name of a checkpoint and renames through its
 table. TensorRefs keep their real names, so reads, shape errors and `verify --source` see the source as stored.
-Facts: shared/docs/upstream-layouts.md.
+Facts and their sources: docs/formats.md, "Checkpoint layouts".
 """
 
 from __future__ import annotations

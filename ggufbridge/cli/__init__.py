@@ -39,7 +39,8 @@ COMMANDS = {
 # -v / -vv: the level of ggufbridge's own loggers and of everything else (libraries: huggingface_hub, urllib3...).
 # Without -v ggufbridge says at INFO what it decided on the user's behalf (a layout it recognised, a file it removed
 # or replaced, a download's path); -v adds its DEBUG lines, -vv the libraries' too.
-LOG_LEVELS = {0: (logging.INFO, logging.WARNING), 1: (logging.DEBUG, logging.WARNING), 2: (logging.DEBUG, logging.DEBUG)}
+LOG_LEVELS = {0: (logging.INFO, logging.WARNING), 1: (logging.DEBUG, logging.WARNING),
+              2: (logging.DEBUG, logging.DEBUG)}
 
 
 def configure_logging(verbose: int) -> None:

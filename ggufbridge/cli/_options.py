@@ -26,8 +26,8 @@ from importlib import resources
 
 import click
 
-# every integer option's upper bound: values reach llama.cpp as C ints (std::stoi) or int32 GGUF/ctypes fields
-INT32_MAX = 2**31 - 1
+from ggufbridge.units import INT32_MAX  # every integer option's upper bound
+
 
 
 def _names(*parts: str) -> str:
@@ -80,12 +80,12 @@ def think(f):
     return f
 
 
-# --- output ------------------------------------------------------------------------------------------------------------
+# --- output -----------------------------------------------------------------------------------------------------------
 
 as_json = _option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
-# --- quantisation (convert, quantize) ----------------------------------------------------------------------------------
+# --- quantisation (convert, quantize) ---------------------------------------------------------------------------------
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,

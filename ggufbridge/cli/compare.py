@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ggufbridge.cli._options import INT32_MAX
+from ggufbridge.units import INT32_MAX
 
 EVAL_HELP = ('JSONL eval rows: {"ids": [...]} or {"text": "..."} (tokenised without BOS), optional "kind".')
 

@@ -60,7 +60,7 @@ def command(model_dir, out_dir, outtype, revision, draft, draft_outtype, mmproj,
     fit = {"fit_bytes": fit_bytes, "ctx": fit_ctx, "calibration": calibration} if fit_bytes is not None else None
     res = convert(model_dir, out_dir, outtype=outtype, basename=basename, draft=draft, draft_outtype=draft_outtype,
                   mmproj=mmproj, mmproj_outtype=mmproj_outtype, downsample=downsample, progress=progress,
-                  quant=quant, recipe=mix, imatrix=imatrix, revision=revision, force=force,
+                  quant=quant, mix=mix, imatrix=imatrix, revision=revision, force=force,
                   allow_nonfinite=allow_nonfinite, fit=fit)
     for f in res.files:
         click.echo(f"{f['role']:7s} {res.out_dir / f['path']}  {f['bytes'] / 2**20:.1f} MiB  {f['type']}")

@@ -17,7 +17,8 @@ def command(work_dir):
     click.echo(f"\nfiles in {res.out_dir}:")
     for f in res.files:
         click.echo(f"  {f['role']:7s} {f['path']}  {f['bytes'] / 2**20:.1f} MiB")
-    click.echo("\n| model | prompt | tokens | KL mean | KL mean (no router ties) | top-1 | max |Δlogit| | router ties |")
+    click.echo("\n| model | prompt | tokens | KL mean | KL mean (no router ties) | top-1 | max |Δlogit| "
+               "| router ties |")
     click.echo("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in res.rows:
         p = r["prompt"].replace("\n", "\\n")[:28]

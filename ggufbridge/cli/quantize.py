@@ -38,46 +38,20 @@ def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference
             allow_requantize, as_json):
     """Quantise a GGUF written by `ggufbridge convert` (BF16/F16/F32) with the runtime's llama-quantize, and show
     what is quantised and what is not."""
-    from pathlib import Path
+    from ggufbridge.quant import format_quant_report
+    from ggufbridge.quant.pipeline import quantize_gguf
 
-    from ggufbridge.errors import QuantError
-    from ggufbridge.quant import format_quant_report, quantize_to
-    from ggufbridge.quant.quantize import all_or_nothing
-
-    given = [n for n, v in (("--quant", quant), ("--mix", mix), ("--fit-bytes", fit_bytes),
-                            ("--fit", fit_hw)) if v is not None]
-    if len(given) != 1:
-        raise QuantError(f"give exactly one of --quant, --mix, --fit-bytes, --fit; "
-                         f"found {', '.join(given) or 'none'}")
-    fitting = fit_bytes is not None or fit_hw is not None
-    if not fitting:
-        for name, v in (("--ctx", ctx), ("--calibration", calibration), ("--reference", reference),
-                       ("--mix-out", mix_out), ("--work", work)):
-            if v is not None:
-                raise QuantError(f"{name} only applies with --fit or --fit-bytes")
-    chosen_note = None
-    if fitting:
-        from ggufbridge.quant.optimise import fit_quantize
-
-        mix_out = Path(mix_out) if mix_out else Path(dst).with_suffix(".mix.toml")
-        with all_or_nothing(dst, src, imatrix, calibration) as tmp:
-            res, plan, sens = fit_quantize(src, tmp, fit_bytes=fit_bytes, hardware=fit_hw, ctx=ctx,
-                                           calibration=calibration, reference=reference, imatrix=imatrix,
-                                           work=work, mix_out=mix_out, threads=threads, progress=not as_json)
-        res.path, res.report.path = Path(dst), str(dst)
-        chosen_note = [f"mix {plan.recipe.name}: {plan.file_bytes:,} bytes of {plan.budget:,} for the file, "
-                       f"predicted KL {plan.predicted_kl:.4f} (sensitivity over {sens.n_tokens} tokens vs "
-                       f"{sens.reference}); recipe written to {mix_out}"]
-    else:
-        res = quantize_to(src, dst, quant=quant, recipe=mix, imatrix=imatrix, threads=threads,
-                          allow_requantize=allow_requantize)
+    res, chosen = quantize_gguf(src, dst, quant=quant, mix=mix, fit_bytes=fit_bytes, fit=fit_hw, ctx=ctx,
+                                calibration=calibration, reference=reference, mix_out=mix_out, work=work,
+                                imatrix=imatrix, threads=threads, allow_requantize=allow_requantize,
+                                progress=not as_json)
     if as_json:
         d = res.report.to_dict()
-        d["chosen"] = chosen_note
+        d["chosen"] = [chosen] if chosen else None
         click.echo(json.dumps(d, indent=2))
         return
-    for line in chosen_note or []:
-        click.echo(f"fit: {line}")
+    if chosen:
+        click.echo(f"fit: {chosen}")
     click.echo(f"wrote {res.path}  {res.report.file_bytes / 2**20:.2f} MiB  "
-               f"({'recipe ' + res.recipe if res.recipe else res.file_type})")
+               f"({'recipe ' + res.mix if res.mix else res.file_type})")
     click.echo(format_quant_report(res.report))

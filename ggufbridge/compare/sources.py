@@ -140,7 +140,7 @@ class HFSource(Source):
 def gguf_role(path) -> str:
     """target, mmproj, draft or imatrix, from the file's header (the rule of `ggufbridge inspect`)."""
     from ggufbridge.ggufio.reader import read_header
-    from ggufbridge.inspect import role_of
+    from ggufbridge.ggufio.names import role_of
 
     return role_of(read_header(path).kv)
 
@@ -202,12 +202,12 @@ def gguf_facts(path: Path) -> tuple[float, str | None]:
     """(bits per weight: 8 × tensor bytes / tensor elements over every tensor, the ggufbridge quantisation recipe
     the file was made with (`ggufbridge.quant.recipe`) or None), from the GGUF header."""
     from ggufbridge.ggufio.reader import read_header
-    from ggufbridge.quant.report import KEY_RECIPE
+    from ggufbridge.ggufio.names import QUANT_MIX
 
     h = read_header(path)
     nbytes = sum(t.nbytes for t in h.tensors)
     nelem = sum(t.n_elements for t in h.tensors)
-    recipe = h.kv.get(KEY_RECIPE)
+    recipe = h.kv.get(QUANT_MIX)
     return (8.0 * nbytes / nelem if nelem else float("nan")), recipe if isinstance(recipe, str) else None
 
 

@@ -1,15 +1,15 @@
 """The output folder's manifest.json (written by `convert` through `write_manifest`; read by `serve`/`run`/`plan`,
-`verify`, `imatrix` and `run --image` through `read_manifest`) and file hashing.
+`verify`, `imatrix` and `run --image` through `read_manifest`).
 
 Format: {"files": [{"role": "target"|"mmproj"|"draft", "path": <relative>, "bytes", "sha256", "type"}],
-"source": {<file name>: <sha256>}, "ggufbridge": <version>}; other top-level keys are kept as `Manifest.extra`. A manifest is untrusted input like a checkpoint:
+"source": {<file name>: <sha256>}, "ggufbridge": <version>}; other top-level keys are kept as `Manifest.extra`.
+A manifest is untrusted input like a checkpoint:
 `read_manifest` checks its structure and that every path stays inside the folder; what a reader does about files
 that are missing or of the wrong size is its own policy (`serve` refuses, `verify` reports).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -19,14 +19,6 @@ from ggufbridge.errors import ManifestError
 
 MANIFEST = "manifest.json"
 ROLES = ("target", "mmproj", "draft")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ ggufbridge's patch series (patches/llama.cpp), and qwen35moe's per-layer recurre
 
 from __future__ import annotations
 
-from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys
+from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys  # noqa: F401  (re-exported)
 
 LAYER = "blk.{bid}."
 
@@ -52,10 +52,10 @@ def known_keys(arch: str) -> set[str]:
 
 # --- what gguf 0.19 lacks --------------------------------------------------------------------------------------
 
-# qwen35moe: which layers are gated delta-net (recurrent) rather than full attention (runtime-facts A)
+# qwen35moe: which layers are gated delta-net (recurrent) rather than full attention (docs/formats.md, "Target")
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
 
-# MiniCPM-V 4.6/4.7 mmproj: the window-attention merger's tensors (runtime projector minicpmv4_6, runtime-facts C)
+# MiniCPM-V 4.6/4.7 mmproj: the window-attention merger's tensors (runtime projector minicpmv4_6, docs/formats.md)
 VIT_MERGER_TENSORS = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ds_ln", "ds_ffn_up", "ds_ffn_down")
 VIT_MERGER = "v.vit_merger."
 # the projector types of the MiniCPM-V 4.6/4.7 vision tower: the pinned runtime's name (ggufbridge writes it), and
@@ -77,7 +77,7 @@ MINICPMV_VIDEO_STACK_FRAMES = "clip.minicpmv.video.stack_frames"
 MINICPMV_KEYS = (MINICPMV_PROCESSOR_SLICING, MINICPMV_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_USE_IMAGE_ID,
                  MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES)
 
-# DFlash/DSpark draft (`dflash`, runtime-facts D): its own keys, and the tensors beside the usual blk.N.* ones
+# DFlash/DSpark draft (`dflash`, docs/formats.md, "Draft"): its own keys, and the tensors beside the usual blk.N.* ones
 DFLASH_ARCH = "dflash"
 DFLASH_TARGET_LAYERS = "{arch}.target_layers"
 DFLASH_BLOCK_SIZE = "{arch}.block_size"
@@ -85,3 +85,24 @@ DFLASH_SAMPLE_FROM_ANCHOR = "{arch}.sample_from_anchor"
 DFLASH_HAS_CONFIDENCE_HEAD = "{arch}.has_confidence_head"
 DFLASH_KEYS = (DFLASH_TARGET_LAYERS, DFLASH_BLOCK_SIZE, DFLASH_SAMPLE_FROM_ANCHOR, DFLASH_HAS_CONFIDENCE_HEAD)
 DFLASH_TENSORS = ("fc", "enc.output_norm", "markov_w1", "markov_w2", "conf_proj", "d2t")
+
+# ggufbridge's own keys in a quantised target (written through llama-quantize --override-kv): the mix it was made
+# with, the llama-quantize file type, and the tensors that fell back to another type
+QUANT_MIX = "ggufbridge.quant.recipe"  # the key's text predates the name "mix"; files in the wild carry it
+QUANT_TYPE = "ggufbridge.quant.type"
+QUANT_FALLBACKS = "ggufbridge.quant.fallbacks"
+
+# what a GGUF is, by its architecture (`general.architecture`); anything else with a qwen35moe-like header is the target
+ROLE_OF_ARCH = {DFLASH_ARCH: "draft", "clip": "mmproj"}
+
+
+def role_of(kv: dict) -> str:
+    """target, mmproj, draft or imatrix, from a GGUF's metadata."""
+    if kv.get("general.type") == "imatrix":  # llama-imatrix's output: no architecture, per-tensor statistics
+        return "imatrix"
+    arch = kv.get("general.architecture")
+    if isinstance(arch, str) and arch in ROLE_OF_ARCH:
+        return ROLE_OF_ARCH[arch]
+    if "clip.projector_type" in kv or "clip.has_vision_encoder" in kv or kv.get("general.type") == "mmproj":
+        return "mmproj"
+    return "target"

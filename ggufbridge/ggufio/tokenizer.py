@@ -1,4 +1,4 @@
-"""Hugging Face byte-level BPE tokenizer files → `tokenizer.*` GGUF metadata (runtime-facts.md section B)."""
+"""Hugging Face byte-level BPE tokenizer files → `tokenizer.*` GGUF metadata (docs/formats.md, "Tokenizer")."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from ggufbridge.textfile import read_utf8
 # names, so a tokenizer whose regex is not in this table cannot be converted faithfully and is refused.
 PRE_TOKENIZERS = {
     # Qwen3.5 / MiniCPM-V 4.6+: letters and combining marks together (\p{M}).
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "qwen35",
+    (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""): "qwen35",
     # Qwen2 / Qwen3: the same without \p{M}.
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "qwen2",
+    (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""): "qwen2",
 }
 
 # GGUF token types

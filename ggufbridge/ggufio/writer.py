@@ -9,7 +9,7 @@ Why our own encoder of the header, KV and tensor-info records rather than gguf-p
 - all-or-nothing output: the temporary name, the NaN/Inf check and the shape/size checks per tensor, and the
   cleanup on any error or signal (see `write_gguf`) sit between tensors, where `GGUFWriter` gives no hook;
 - exact value types: the runtime's reads are type-strict (`u32` vs `i32`, INT32 array elements), so each KV
-  carries its kind explicitly (arch.plan.KV) instead of being inferred from the Python value.
+  carries its kind explicitly (ggufio.plan.KV) instead of being inferred from the Python value.
 The format constants (magic, version, alignment), the GGML type sizes and the quantisers are gguf's; the BF16
 rounding below is gguf's `quants.BF16` formula (tests/test_ggufio.py checks them bit-equal) done in uint32, half
 the temporary memory of gguf's uint64 version on the largest expert tensors. Tensor names and metadata keys come from
@@ -30,7 +30,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 from gguf import quants as gguf_quants
 
-from ggufbridge.arch.plan import ConversionPlan, PlannedTensor
+from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import GGUFBridgeError, NonFiniteWeights, OutputError
 

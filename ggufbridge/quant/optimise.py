@@ -1,8 +1,8 @@
 """`quantize --fit-bytes N` / `--fit HARDWARE`: the KL-guided mix for a byte budget.
 
 measure (ggufbridge.quant.sensitivity) → options per unit with exact bytes (ggufbridge.quant.filesize) →
-allocate (ggufbridge.quant.allocate) → a recipe TOML naming every tensor's type (reusable with `--recipe FILE`)
-→ llama-quantize through the ordinary recipe path. The file written is never larger than the budget: sizes are
+allocate (ggufbridge.quant.allocate) → a mix TOML naming every tensor's type (reusable with `--mix FILE`)
+→ llama-quantize through the ordinary mix path. The file written is never larger than the budget: sizes are
 exact, and the written file is checked against the prediction.
 """
 
@@ -21,19 +21,20 @@ from ggufbridge.quant import types as qt
 from ggufbridge.quant.allocate import Option, allocate
 from ggufbridge.quant.classes import CLASSES, classify
 from ggufbridge.quant.filesize import tensor_bytes
-from ggufbridge.quant.recipes import KEPT_TYPE, QuantRecipe
-from ggufbridge.quant.report import KEY_FALLBACKS, KEY_RECIPE, KEY_TYPE
+from ggufbridge.quant.mix import KEPT_TYPE, Mix
+from ggufbridge.ggufio.names import QUANT_FALLBACKS, QUANT_MIX, QUANT_TYPE
 from ggufbridge.quant.sensitivity import FILE_TYPE_OF, Sensitivity
 
 log = logging.getLogger(__name__)
 NAME_PREFIX = "fit-"
+DEFAULT_CTX = 8192  # the context a mix leaves room for when --ctx is not given
 _LONGEST_FILE_TYPE = max(list(FILE_TYPE_OF.values()) + ["Q8_0"], key=len)
 _FALLBACK_RESERVE = "x" * 120  # quantize.py caps the fallback summary at 120 characters
 
 
 @dataclass
 class FitPlan:
-    recipe: QuantRecipe
+    mix: Mix
     tensor_types: dict[str, str]  # every tensor's stored type (after the runtime's fallback rule)
     unit_types: dict[str, str]
     file_bytes: int  # predicted, exact
@@ -63,7 +64,7 @@ def unit_options(sens: Sensitivity) -> dict[str, list[Option]]:
 
 
 def _strings(name: str, file_type: str, fallbacks: str | None) -> dict[str, str | None]:
-    return {KEY_RECIPE: name, KEY_TYPE: file_type, KEY_FALLBACKS: fallbacks}
+    return {QUANT_MIX: name, QUANT_TYPE: file_type, QUANT_FALLBACKS: fallbacks}
 
 
 def plan_fit(sens: Sensitivity, budget: int) -> FitPlan:
@@ -84,19 +85,19 @@ def plan_fit(sens: Sensitivity, budget: int) -> FitPlan:
                          f"({reserve + fixed:,} bytes)")
     choice = allocate(options, avail)
     wanted = {n: choice[u].type for u, info in sens.units.items() for n in info["tensors"]}
-    recipe = mix_recipe(sens, wanted, budget)
+    mix = make_mix(sens, wanted, budget)
     final = {n: _final(t, shapes[n]) for n, t in wanted.items()}
     choices = [TensorChoice(n, classify(n).name, shapes[n][0], sens.source_types[n], wanted[n], final[n])
                for n in wanted]
     fb = _short_fallbacks(choices) or None
     types = {**_kept_types(sens), **final}
-    size = hm.bytes_for(_strings(recipe.name, recipe.file_type, fb)) + sum(
+    size = hm.bytes_for(_strings(mix.name, mix.file_type, fb)) + sum(
         tensor_bytes(types[n], shapes[n], hm.alignment) for n in shapes)
     if size > budget:  # cannot happen (the reserve bounds the strings); kept as the invariant's guard
         raise QuantError(f"internal: the planned mix is {size:,} bytes, over the budget of {budget:,}")
     kl = sens.base_kl + sum(choice[u].kl for u in sens.units)
-    recipe.fit.update({"file_bytes": size, "predicted_kl": round(kl, 6)})
-    return FitPlan(recipe, types, {u: o.type for u, o in choice.items()}, size, budget, kl,
+    mix.fit.update({"file_bytes": size, "predicted_kl": round(kl, 6)})
+    return FitPlan(mix, types, {u: o.type for u, o in choice.items()}, size, budget, kl,
                    {n: qt.nbytes(types[n], shapes[n]) for n in shapes})
 
 
@@ -105,8 +106,8 @@ def _kept_types(sens: Sensitivity) -> dict[str, str]:
     return dict(sens.all_types)
 
 
-def mix_recipe(sens: Sensitivity, wanted: dict[str, str], budget: int) -> QuantRecipe:
-    """The chosen types as a recipe: per class the type holding most of its bytes, the rest per tensor."""
+def make_mix(sens: Sensitivity, wanted: dict[str, str], budget: int) -> Mix:
+    """The chosen types as a mix: per class the type holding most of its bytes, the rest per tensor."""
     per_class: dict[str, Counter] = {}
     for n, t in wanted.items():
         per_class.setdefault(classify(n).name, Counter())[t] += qt.nbytes(t, tuple(sens.shapes[n]))
@@ -122,12 +123,12 @@ def mix_recipe(sens: Sensitivity, wanted: dict[str, str], budget: int) -> QuantR
     digest = hashlib.sha256(repr(sorted(wanted.items())).encode()).hexdigest()[:12]
     fit = {"budget_bytes": budget, "reference": sens.reference, "calibration": sens.calibration,
            "calibration_tokens": sens.n_tokens, "sensitivity_key": sens.key, "probe_type": sens.probe_type}
-    return QuantRecipe(name=NAME_PREFIX + digest, description=f"KL-guided mix for {budget:,} bytes",
+    return Mix(name=NAME_PREFIX + digest, description=f"KL-guided mix for {budget:,} bytes",
                        file_type=FILE_TYPE_OF[main], types=types, source="generated", tensors=tensors, fit=fit)
 
 
-def recipe_toml(rec: QuantRecipe) -> str:
-    """The recipe as TOML in the packaged recipes' format (+ [tensors], [fit]); `--recipe FILE` reads it back."""
+def mix_toml(rec: Mix) -> str:
+    """The mix as TOML in the packaged mixes' format (+ [tensors], [fit]); `--mix FILE` reads it back."""
     def q(s: str) -> str:
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -147,7 +148,7 @@ def context_bytes(src, ctx: int) -> int:
     """KV cache (F16) for `ctx` tokens + one sequence's recurrent state, as --fit-bytes has always counted it."""
     if ctx == 0:
         return 0
-    from ggufbridge.runtime.plan import KV_PAD, target_from_gguf
+    from ggufbridge.runtime.memory import KV_PAD, target_from_gguf
 
     shape = target_from_gguf(Path(src))
     cells = -(-ctx // KV_PAD) * KV_PAD
@@ -156,18 +157,18 @@ def context_bytes(src, ctx: int) -> int:
 
 def plan_for_hardware(src, sens: Sensitivity, hardware: str, ctx: int) -> FitPlan:
     """The largest mix the hardware recipe's planner fits fully on its GPU(s) at `ctx` (bisection on bytes)."""
-    from ggufbridge.quant.fit import _target_shape
-    from ggufbridge.runtime.plan import evaluate, target_from_gguf
+    from ggufbridge.runtime.memory import evaluate, target_from_gguf
     from ggufbridge.runtime.recipes import load_recipe
 
     hw = load_recipe(hardware)
     if not hw.memory["gpu_gib"]:
         raise QuantError(f"--fit {hardware}: the recipe has no GPU memory to fit; use --fit-bytes")
-    n_layer = target_from_gguf(Path(src)).n_layer
+    base = target_from_gguf(Path(src))
 
     def fits(plan: FitPlan) -> bool:
-        p = evaluate(_target_shape(Path(src), plan.tensor_bytes), hw, ctx=ctx, ngl=n_layer + 1, n_cpu_moe=0)
-        return all(pool.fits for pool in p.pools if pool.name.startswith("gpu"))
+        shape = base.with_tensor_bytes(plan.tensor_bytes.items())  # the quantised file, as the planner sees it
+        p = evaluate(shape, hw, ctx=ctx, ngl=base.n_layer + 1, n_cpu_moe=0)
+        return all(pool.fits for pool in p.pools if pool.kind == "gpu")
 
     hi = sum(max(o.bytes for o in opts) for opts in unit_options(sens).values()) + 2 * sum(
         qt.nbytes(t, tuple(sens.shapes[n])) for n, t in _kept_types(sens).items()) + (1 << 20)
@@ -202,7 +203,9 @@ def smallest_tensor_bytes(src, with_imatrix: bool) -> int:
 
 
 def default_work() -> Path:
-    return Path(os.environ.get("GGUFBRIDGE_CACHE", Path.home() / ".cache" / "ggufbridge")) / "sensitivity"
+    from ggufbridge.files import cache_dir
+
+    return cache_dir() / "sensitivity"
 
 
 def default_calibration() -> Path:
@@ -214,9 +217,8 @@ def default_calibration() -> Path:
 def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None = None, ctx: int | None = None,
                  calibration=None, reference: str | None = None, imatrix=None, work=None, mix_out=None,
                  threads: int | None = None, progress: bool = False):
-    """Measure (or reuse), allocate for the budget, write the mix recipe to `mix_out`, quantise `src` into `dst`
+    """Measure (or reuse), allocate for the budget, write the mix to `mix_out`, quantise `src` into `dst`
     (written directly; the caller renames). Returns (QuantResult, FitPlan, Sensitivity)."""
-    from ggufbridge.quant.fit import DEFAULT_CTX
     from ggufbridge.quant.quantize import quantize_file
     from ggufbridge.quant.sensitivity import measure
 
@@ -245,9 +247,9 @@ def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None
     if mix_out is not None:
         mix_out = Path(mix_out)
         tmp = mix_out.with_name(f".{mix_out.name}.part")
-        tmp.write_text(recipe_toml(plan.recipe))
+        tmp.write_text(mix_toml(plan.mix))
         os.replace(tmp, mix_out)
-    res = quantize_file(src, dst, recipe=plan.recipe, imatrix=sens.imatrix, threads=threads)
+    res = quantize_file(src, dst, mix=plan.mix, imatrix=sens.imatrix, threads=threads)
     size = Path(dst).stat().st_size
     if size != plan.file_bytes or size > plan.budget:
         raise QuantError(f"internal: {dst} is {size:,} bytes, the plan said {plan.file_bytes:,} "

@@ -10,16 +10,16 @@ from pathlib import Path
 from ggufbridge.errors import QuantError
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.quantize import QuantResult, quantize_file
-from ggufbridge.ggufio.manifest import sha256_file
+from ggufbridge.files import sha256_file
 
 INTERMEDIATE_TYPES = ("bf16", "f16", "f32")
 
 
-def quant_label(quant: str | None, recipe: str | None) -> str:
-    """What a quantised file's name and manifest entry say: the llama-quantize type, or the recipe in capitals."""
-    if (quant is None) == (recipe is None):
-        raise QuantError("give exactly one of --quant and --recipe")
-    return qt.file_type(quant) if quant is not None else Path(recipe).stem.upper()
+def quant_label(quant: str | None, mix: str | None) -> str:
+    """What a quantised file's name and manifest entry say: the llama-quantize type, or the mix's name in capitals."""
+    if (quant is None) == (mix is None):
+        raise QuantError("give exactly one of --quant and --mix")
+    return qt.file_type(quant) if quant is not None else Path(mix).stem.upper()
 
 
 def quant_filename(filename: str, outtype: str, label: str) -> str:
@@ -32,36 +32,36 @@ def quant_filename(filename: str, outtype: str, label: str) -> str:
 def check_intermediate(outtype: str) -> None:
     if outtype not in INTERMEDIATE_TYPES:
         raise QuantError(f"--outtype is the precision quantisation starts from: expected one of "
-                         f"{', '.join(INTERMEDIATE_TYPES)} with --quant/--recipe, found {outtype!r}")
+                         f"{', '.join(INTERMEDIATE_TYPES)} with --quant/--mix, found {outtype!r}")
 
 
 FIT_LABEL = "FIT"  # file name / manifest type of a KL-guided mix (`convert --fit-bytes`)
 
 
-def prepare(quant: str | None, recipe: str | None, imatrix, outtype: str, fit: dict | None = None) -> str:
+def prepare(quant: str | None, mix: str | None, imatrix, outtype: str, fit: dict | None = None) -> str:
     """Validate a convert-time quantisation request before anything is written; returns its label.
     `fit`: keyword arguments of ggufbridge.quant.optimise.fit_quantize (fit_bytes, ctx, calibration, ...)."""
-    from ggufbridge.quant.recipes import load_quant_recipe
+    from ggufbridge.quant.mix import load_mix
     from ggufbridge.runtime.locate import locate
 
     if fit is not None:
-        if quant is not None or recipe is not None:
-            raise QuantError("give one of --quant, --recipe and --fit-bytes")
+        if quant is not None or mix is not None:
+            raise QuantError("give one of --quant, --mix and --fit-bytes")
         if fit.get("calibration") is not None and not Path(fit["calibration"]).is_file():
             raise QuantError(f"calibration set {fit['calibration']} does not exist")
         label = FIT_LABEL
     else:
-        label = quant_label(quant, recipe)
+        label = quant_label(quant, mix)
     check_intermediate(outtype)
-    if recipe is not None:
-        load_quant_recipe(recipe)
+    if mix is not None:
+        load_mix(mix)
     if imatrix is not None and not Path(imatrix).is_file():
         raise QuantError(f"importance matrix {imatrix} does not exist")
     locate().tool("llama-quantize")
     return label
 
 
-def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None, recipe: str | None = None,
+def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None, mix: str | None = None,
                     imatrix=None, progress=None, threads: int | None = None, allow_nonfinite: bool = False,
                     fit: dict | None = None):
     """Returns (Written for `final`, still under its temporary name, QuantResult). With `fit`, the mix is chosen
@@ -80,7 +80,7 @@ def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None
             res = fit_quantize(hp.path, dst, imatrix=imatrix, threads=threads,
                                mix_out=final.with_name(final.stem + ".mix.toml"), **fit)[0]
         else:
-            res = quantize_file(hp.path, dst, quant=quant, recipe=recipe, imatrix=imatrix, threads=threads)
+            res = quantize_file(hp.path, dst, quant=quant, mix=mix, imatrix=imatrix, threads=threads)
     except BaseException:
         dst.unlink(missing_ok=True)
         raise
@@ -91,3 +91,39 @@ def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None
         for t, n in row.types.items():
             types[t] = types.get(t, 0) + n
     return Written(dst, final, os.path.getsize(dst), sha256_file(dst), types), res
+
+
+def quantize_gguf(src, dst, *, quant: str | None = None, mix: str | None = None, fit_bytes: int | None = None,
+                  fit: str | None = None, ctx: int | None = None, calibration=None, reference: str | None = None,
+                  mix_out=None, work=None, imatrix=None, threads: int | None = None, allow_requantize: bool = False,
+                  progress: bool = False) -> tuple[QuantResult, str | None]:
+    """What `ggufbridge quantize` does: `src` into `dst`, all or nothing, by exactly one of a llama-quantize type
+    (`quant`), a mix (`mix`), or a KL-guided mix for a byte budget (`fit_bytes`) or a hardware recipe (`fit`).
+    Returns the result and, for the KL-guided mixes, one line saying which mix was chosen and where it was
+    written (`mix_out`, default DST with .mix.toml)."""
+    from ggufbridge.quant.quantize import all_or_nothing, quantize_to
+
+    given = [n for n, v in (("--quant", quant), ("--mix", mix), ("--fit-bytes", fit_bytes),
+                            ("--fit", fit)) if v is not None]
+    if len(given) != 1:
+        raise QuantError(f"give exactly one of --quant, --mix, --fit-bytes, --fit; "
+                         f"found {', '.join(given) or 'none'}")
+    fitting = fit_bytes is not None or fit is not None
+    if not fitting:
+        for name, v in (("--ctx", ctx), ("--calibration", calibration), ("--reference", reference),
+                        ("--mix-out", mix_out), ("--work", work)):
+            if v is not None:
+                raise QuantError(f"{name} only applies with --fit or --fit-bytes")
+        return quantize_to(src, dst, quant=quant, mix=mix, imatrix=imatrix, threads=threads,
+                           allow_requantize=allow_requantize), None
+    from ggufbridge.quant.optimise import fit_quantize
+
+    mix_out = Path(mix_out) if mix_out else Path(dst).with_suffix(".mix.toml")
+    with all_or_nothing(dst, src, imatrix, calibration) as tmp:
+        res, plan, sens = fit_quantize(src, tmp, fit_bytes=fit_bytes, hardware=fit, ctx=ctx,
+                                       calibration=calibration, reference=reference, imatrix=imatrix,
+                                       work=work, mix_out=mix_out, threads=threads, progress=progress)
+    res.path, res.report.path = Path(dst), str(dst)
+    return res, (f"mix {plan.mix.name}: {plan.file_bytes:,} bytes of {plan.budget:,} for the file, predicted KL "
+                 f"{plan.predicted_kl:.4f} (sensitivity over {sens.n_tokens} tokens vs {sens.reference}); recipe "
+                 f"written to {mix_out}")

@@ -2,7 +2,7 @@
 
 Two ways in:
 * a llama-quantize file type (`quant="Q4_K_M"`): llama.cpp's own per-tensor mixture for that type;
-* a recipe (`recipe="hq4"`): ggufbridge decides every tensor's type from its class (ggufbridge.quant.classes),
+* a mix (`mix="hq4"`): ggufbridge decides every tensor's type from its class (ggufbridge.quant.classes),
   applies the runtime's fallback rule for rows that are not whole blocks itself (so the fallbacks are known and
   reported), and hands llama-quantize one exact `--tensor-type` pattern per tensor. The result is read back and
   every tensor's stored type is checked against that plan.
@@ -25,8 +25,9 @@ from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.ggufio.writer import refuse_input_as_output, remove_stale_parts, tmp_name
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
-from ggufbridge.quant.recipes import QuantRecipe, load_quant_recipe
-from ggufbridge.quant.report import KEY_FALLBACKS, KEY_RECIPE, KEY_TYPE, QuantReport, quant_report
+from ggufbridge.quant.mix import Mix, load_mix
+from ggufbridge.ggufio.names import QUANT_FALLBACKS, QUANT_MIX, QUANT_TYPE
+from ggufbridge.quant.report import QuantReport, quant_report
 from ggufbridge.units import human_size
 
 log = logging.getLogger(__name__)
@@ -59,32 +60,32 @@ class QuantResult:
     path: Path
     source: Path
     file_type: str
-    recipe: str | None
+    mix: str | None
     imatrix: Path | None
     fallbacks: list[str]
     report: QuantReport
-    choices: list[TensorChoice] = field(default_factory=list)  # recipe runs only
+    choices: list[TensorChoice] = field(default_factory=list)  # mix runs only
 
 
-def plan_recipe(header: GGUFHeader, recipe: QuantRecipe) -> list[TensorChoice]:
-    """Every tensor's type under `recipe`; kept classes stay as stored."""
+def plan_mix(header: GGUFHeader, mix: Mix) -> list[TensorChoice]:
+    """Every tensor's type under `mix`; kept classes stay as stored."""
     arch = header.kv.get("general.architecture")
     if arch != "qwen35moe":
         raise QuantError(f"{header.path}: recipes are written for the qwen35moe text model, found architecture "
                          f"{arch!r}; use --quant TYPE for other files")
-    unknown = sorted(set(recipe.tensors) - {t.name for t in header.tensors})
+    unknown = sorted(set(mix.tensors) - {t.name for t in header.tensors})
     if unknown:
-        raise QuantError(f"recipe {recipe.name} names tensor(s) {', '.join(unknown[:3])} that {header.path.name} "
+        raise QuantError(f"recipe {mix.name} names tensor(s) {', '.join(unknown[:3])} that {header.path.name} "
                          f"does not have (a mix made for another model?)")
     out = []
     for t in header.tensors:
         c = classify(t.name)
         if c.name == "other":
-            raise QuantError(f"{header.path}: tensor {t.name} belongs to no class of recipe {recipe.name}")
-        wanted = recipe.type_for(t.name, c.name)
+            raise QuantError(f"{header.path}: tensor {t.name} belongs to no class of recipe {mix.name}")
+        wanted = mix.type_for(t.name, c.name)
         if c.kept:
             if t.type != wanted:
-                raise QuantError(f"{header.path}: {t.name} ({c.label}) is stored as {t.type}; recipe {recipe.name} "
+                raise QuantError(f"{header.path}: {t.name} ({c.label}) is stored as {t.type}; recipe {mix.name} "
                                  f"keeps it {wanted} and llama.cpp never quantises it: reconvert the source")
             final = t.type
         else:
@@ -104,14 +105,14 @@ def _default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
-def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe | None = None, imatrix=None, *,
+def quantize_file(src, dst, quant: str | None = None, mix: str | Mix | None = None, imatrix=None, *,
                   runtime=None, allow_requantize: bool = False, threads: int | None = None) -> QuantResult:
     """Quantise GGUF `src` into `dst` (written directly: the caller picks temporary names and renames).
 
-    Exactly one of `quant` (a llama-quantize type, e.g. "Q4_K_M") or `recipe` (a packaged name, a TOML path or a
-    QuantRecipe). `imatrix`: an importance matrix from `compute_imatrix` (required by the very-low-bit types).
+    Exactly one of `quant` (a llama-quantize type, e.g. "Q4_K_M") or `mix` (a packaged name, a TOML path or a
+    Mix). `imatrix`: an importance matrix from `compute_imatrix` (required by the very-low-bit types).
     """
-    if (quant is None) == (recipe is None):
+    if (quant is None) == (mix is None):
         raise QuantError("give exactly one of a quantisation type (--quant) or a mix (--mix)")
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
@@ -120,10 +121,10 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
     _check_source(header, allow_requantize)
     rec = None
     choices: list[TensorChoice] = []
-    if recipe is not None:
-        rec = recipe if isinstance(recipe, QuantRecipe) else load_quant_recipe(recipe)
+    if mix is not None:
+        rec = mix if isinstance(mix, Mix) else load_mix(mix)
         ftype = rec.file_type
-        choices = plan_recipe(header, rec)
+        choices = plan_mix(header, rec)
         needs = sorted({c.final for c in choices if c.final in qt.NEEDS_IMATRIX})
         label = f"recipe {rec.name}"
     else:
@@ -157,10 +158,10 @@ def quantize_file(src, dst, quant: str | None = None, recipe: str | QuantRecipe 
             tt.write_text("".join(f"^{re.escape(c.name)}$={c.final}\n" for c in choices
                                   if not BY_NAME[c.cls].kept))
             argv += ["--tensor-type-file", str(tt)]
-            argv += ["--override-kv", f"{KEY_RECIPE}=str:{rec.name}"]
-        argv += ["--override-kv", f"{KEY_TYPE}=str:{ftype}"]
+            argv += ["--override-kv", f"{QUANT_MIX}=str:{rec.name}"]
+        argv += ["--override-kv", f"{QUANT_TYPE}=str:{ftype}"]
         if fallbacks:
-            argv += ["--override-kv", f"{KEY_FALLBACKS}=str:" + _short_fallbacks(choices)]
+            argv += ["--override-kv", f"{QUANT_FALLBACKS}=str:" + _short_fallbacks(choices)]
         argv += [str(src), str(dst), ftype, str(threads or _default_threads())]
         log.info("quantising %s → %s (%s)", src.name, dst.name, label)
         try:
@@ -223,7 +224,7 @@ def _short_fallbacks(choices: list[TensorChoice]) -> str:
     return text[:120]
 
 
-def _check_result(written: GGUFHeader, choices: list[TensorChoice], rec: QuantRecipe) -> None:
+def _check_result(written: GGUFHeader, choices: list[TensorChoice], rec: Mix) -> None:
     got = {t.name: t.type for t in written.tensors}
     for c in choices:
         if got.get(c.name) != c.final:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ggufbridge.ggufio import names
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.quant.classes import CLASSES, OTHER, classify
 from ggufbridge.units import human_size
 
 # metadata keys ggufbridge's quantiser writes into its results
-KEY_RECIPE = "ggufbridge.quant.recipe"
-KEY_TYPE = "ggufbridge.quant.type"
-KEY_FALLBACKS = "ggufbridge.quant.fallbacks"
 
 
 @dataclass
@@ -67,11 +65,11 @@ def quant_report(source: str | GGUFHeader) -> QuantReport:
         r.bpw = 8 * r.bytes / r.params if r.params else 0.0
         r.share = r.bytes / h.file_bytes if h.file_bytes else 0.0
     total_params = sum(r.params for r in rows)
-    fb = h.kv.get(KEY_FALLBACKS)
+    fb = h.kv.get(names.QUANT_FALLBACKS)
     return QuantReport(
         path=str(h.path), file_bytes=h.file_bytes,
-        recipe=h.kv.get(KEY_RECIPE) if isinstance(h.kv.get(KEY_RECIPE), str) else None,
-        quant_type=h.kv.get(KEY_TYPE) if isinstance(h.kv.get(KEY_TYPE), str) else None,
+        recipe=h.kv.get(names.QUANT_MIX) if isinstance(h.kv.get(names.QUANT_MIX), str) else None,
+        quant_type=h.kv.get(names.QUANT_TYPE) if isinstance(h.kv.get(names.QUANT_TYPE), str) else None,
         fallbacks=[s for s in fb.split(";") if s] if isinstance(fb, str) else [],
         rows=rows, bpw=8 * sum(r.bytes for r in rows) / total_params if total_params else 0.0)
 

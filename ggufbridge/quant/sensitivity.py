@@ -38,7 +38,7 @@ from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import classify
 from ggufbridge.quant.filesize import HeaderModel
-from ggufbridge.quant.recipes import KEPT_TYPE, QuantRecipe
+from ggufbridge.quant.mix import KEPT_TYPE, Mix
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,12 @@ def source_types(header: GGUFHeader) -> dict[str, str]:
     return {t.name: t.type for t in header.tensors if unit_of(t.name) is not None}
 
 
-def exact_recipe(name: str, header: GGUFHeader, tensors: dict[str, str], file_type: str = "Q8_0") -> QuantRecipe:
+def exact_mix(name: str, header: GGUFHeader, tensors: dict[str, str], file_type: str = "Q8_0") -> Mix:
     """A recipe naming every quantisable tensor's type (class defaults are placeholders, all overridden)."""
     from ggufbridge.quant.classes import CLASSES
 
     types = {c.name: (KEPT_TYPE if c.kept else "Q8_0") for c in CLASSES}
-    return QuantRecipe(name=name, description="", file_type=file_type, types=types, source="generated",
+    return Mix(name=name, description="", file_type=file_type, types=types, source="generated",
                        tensors=dict(tensors))
 
 
@@ -258,8 +258,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     names = [n for ts in units.values() for n in ts]
     for t in tqdm(types, desc="quantisation error per type", disable=not progress, unit="type"):
         out = work / f"uniform-{t}.gguf"
-        rec = exact_recipe("fit-uniform-" + t, header, {n: t for n in names}, FILE_TYPE_OF.get(t, "Q8_0"))
-        quantize_file(src, out, recipe=rec, imatrix=imatrix, threads=threads, runtime=runtime)
+        rec = exact_mix("fit-uniform-" + t, header, {n: t for n in names}, FILE_TYPE_OF.get(t, "Q8_0"))
+        quantize_file(src, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
         if header_model is None:
             header_model = HeaderModel.measure(out)
         errs = _errors(header, out, names)
@@ -274,9 +274,9 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     probe_kl: dict[str, float] = {}
     for u, ts in tqdm(units.items(), desc="sensitivity probes", disable=not progress, unit="unit"):
         out = work / "probe.gguf"
-        rec = exact_recipe("fit-probe", header, {**keep, **{n: probe_type for n in ts}},
+        rec = exact_mix("fit-probe", header, {**keep, **{n: probe_type for n in ts}},
                            FILE_TYPE_OF.get(probe_type, "Q8_0"))
-        quantize_file(src, out, recipe=rec, imatrix=imatrix, threads=threads, runtime=runtime)
+        quantize_file(src, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
         probe_kl[u] = compare(ref_spec, [f"gguf:{out}"], eval_path=rows_path, ctx=ctx).results[0].summary["kl_mean"]
         out.unlink()
         log.info("sensitivity %s: KL %.5f at %s", u, probe_kl[u], probe_type)
@@ -288,7 +288,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         n_tokens=sum(len(r.ids) for r in rows), probe_type=probe_type, types=list(types), base_kl=base,
         units={u: {"tensors": ts, "probe_kl": probe_kl[u], "error": error[u]} for u, ts in units.items()},
         shapes=shapes, source_types=keep,
-        all_types={t.name: t.type for t in header.tensors}, header=asdict(header_model), imatrix=imatrix, timings=timings)
+        all_types={t.name: t.type for t in header.tensors}, header=asdict(header_model), imatrix=imatrix,
+        timings=timings)
     tmp = cached.with_suffix(".part")
     tmp.write_text(json.dumps(sens.to_json(), indent=1))
     os.replace(tmp, cached)

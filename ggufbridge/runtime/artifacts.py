@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import ManifestError
-from ggufbridge.ggufio.manifest import ROLES, ManifestEntry, read_manifest, sha256_file
+from ggufbridge.ggufio.manifest import ROLES, ManifestEntry, read_manifest
+from ggufbridge.files import sha256_file
 
 Artifact = ManifestEntry  # role, path, rel, bytes, sha256, type
 

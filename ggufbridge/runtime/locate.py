@@ -1,8 +1,9 @@
 """Find the llama.cpp runtime ggufbridge launches, and check that it can run MiniCPM-V 4.7.
 
 Order: an explicit `--llama-bin DIR` (a user's own build), then `$LLAMA_CPP_BIN`, then the cached build
-that scripts/build_runtime.sh writes to `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-0.3.36-{cuda,cpu}-pHASH`
-for this checkout's patch series (CUDA preferred when both exist). Every candidate is validated the same way by `check()`.
+that scripts/build_runtime.sh writes to `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-VERSION-{cuda,cpu}-pHASH`
+for this checkout's patch series (CUDA preferred when both exist). Every candidate is validated the same way by
+`check()`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,26 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
+
 from ggufbridge.errors import RuntimeNotFound
+from ggufbridge.files import cache_dir
 from ggufbridge.ggufio import names
 from ggufbridge.runtime import patches
 
-RUNTIME_VERSION = "0.3.36"
-PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+def read_pin() -> dict[str, str]:
+    """The KEY=VALUE lines of ggufbridge/runtime/llama_cpp.pin, the file scripts/build_runtime.sh sources."""
+    text = resources.files("ggufbridge").joinpath("runtime", "llama_cpp.pin").read_text()
+    pairs = (ln.split("=", 1) for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+_PIN = read_pin()
+RUNTIME_VERSION = _PIN["LLAMA_CPP_PYTHON_VERSION"]  # the llama-cpp-python release whose vendored tree we build
+PINNED_COMMIT = _PIN["LLAMA_CPP_COMMIT"]
 VARIANTS = ("cuda", "cpu")  # preference order for the cached build
 TOOLS = ("llama-server", "llama-cli", "llama-mtmd-cli", "llama-quantize", "llama-imatrix", "llama-perplexity",
          "ggml-rpc-server")
@@ -118,10 +131,6 @@ class Runtime:
         dirs = [str(d) for d in _lib_dirs(self.bin_dir)] + [env.get("LD_LIBRARY_PATH", "")]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in dirs if p)
         return env
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("GGUFBRIDGE_CACHE") or Path.home() / ".cache" / "ggufbridge")
 
 
 def locate(llama_bin: str | os.PathLike | None = None) -> Runtime:

@@ -10,24 +10,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggufbridge.errors import RecipeError
-from ggufbridge.textfile import read_utf8
+from ggufbridge.units import INT32_MAX
+from ggufbridge import textfile
 
-# KV cache element types the runtime accepts for -ctk/-ctv (common/arg.cpp) -> GGML block size
-KV_TYPES = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "iq4_nl": 32, "q5_0": 32, "q5_1": 32}
+# KV cache element types the runtime accepts for -ctk/-ctv (common/arg.cpp, kv_cache_types)
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def kv_block(type_name: str) -> tuple[int, int]:
+    """(elements, bytes) of one block of a KV cache type, from gguf-py's table of GGML types."""
+    return GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]]
+
 FLASH_ATTN = ("on", "off", "auto")
 BACKENDS = ("cpu", "cuda", "metal", "vulkan", "hip", "sycl")
 MAX_DRAFT_N = 15  # DSpark block length upstream is 16 with the anchor slot; the EXL3 recipes draft at most 15
 
 
-INT32_MAX = 2**31 - 1  # llama-server parses its integer arguments with std::stoi
 
 
 def _int(lo=None, hi=INT32_MAX):
@@ -92,14 +94,14 @@ SCHEMA = {
     "memory": {
         "unified": (_bool, False), "gpu_gib": (_gib_list, []), "host_gib": (_num(), 0.0),
         "headroom_gib": (_num(), 0.0), "host_headroom_gib": (_num(), 0.0),
-        # measured compute model (runtime/plan.py); compute_mib is a fixed reserve per pool on top of it, or in its
+        # measured compute model (runtime/memory.py); compute_mib is a fixed reserve per pool on top of it, or in its
         # place (default 1024) for a recipe without compute_token_kib
         "compute_mib": (_num(), None), "compute_token_kib": (_num(), None), "context_mib": (_num(), 0.0),
     },
     "server": {
         "ctx": (_int(256), ...), "min_ctx": (_int(256), None), "parallel": (_int(1, 256), 1),
         "batch": (_int(1), 2048), "ubatch": (_int(1), 512), "flash_attn": (_choice(FLASH_ATTN), "auto"),
-        "cache_type_k": (_choice(tuple(KV_TYPES)), "f16"), "cache_type_v": (_choice(tuple(KV_TYPES)), "f16"),
+        "cache_type_k": (_choice(KV_TYPES), "f16"), "cache_type_v": (_choice(KV_TYPES), "f16"),
         "n_gpu_layers": (_layers, "auto"), "n_cpu_moe": (_layers, 0), "mmproj_offload": (_bool, True),
         "threads": (_int(1), None), "extra_args": (None, []),
         # thinking off unless asked, as upstream's recommended serving ({"enable_thinking": false})
@@ -108,7 +110,7 @@ SCHEMA = {
     "draft": {
         "ctx_cap": (_int(256), 8192), "n_max": (_int(1, MAX_DRAFT_N), 8), "n_min": (_int(0), 0),
         "p_min": (_num(0.0, 1.0), 0.0), "n_gpu_layers": (_layers, "all"),
-        "cache_type_k": (_choice(tuple(KV_TYPES)), "f16"), "cache_type_v": (_choice(tuple(KV_TYPES)), "f16"),
+        "cache_type_k": (_choice(KV_TYPES), "f16"), "cache_type_v": (_choice(KV_TYPES), "f16"),
     },
     "rpc": {
         "workers": (_int(0, 16), 0), "worker_gib": (_num(), 0.0), "worker_headroom_gib": (_num(), 0.0),
@@ -135,43 +137,16 @@ class Recipe:
 
 
 def packaged_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("ggufbridge").joinpath("recipes").iterdir()
-                  if p.name.endswith(".toml"))
+    return textfile.packaged_names(_folder())
 
 
-def _load_raw(name_or_path: str) -> tuple[dict, str]:
-    path = Path(name_or_path)
-    if name_or_path.endswith(".toml") or path.is_file():
-        if not path.is_file():
-            raise RecipeError(f"recipe file {path} does not exist")
-        text, source = read_utf8(path, RecipeError), str(path)
-    else:
-        res = resources.files("ggufbridge").joinpath("recipes", f"{name_or_path}.toml")
-        if not res.is_file():
-            raise RecipeError(f"unknown recipe {name_or_path!r}: expected one of {', '.join(packaged_names())} "
-                              f"or a path to a .toml file")
-        text, source = res.read_text(), "packaged"
-    try:
-        return tomllib.loads(text), source
-    except tomllib.TOMLDecodeError as e:
-        raise RecipeError(f"recipe {name_or_path}: not valid TOML ({e})") from None
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return out
+def _folder():
+    return resources.files("ggufbridge").joinpath("recipes")
 
 
 def load_recipe(name_or_path: str) -> Recipe:
     """A packaged recipe by name, or a user TOML file by path (optionally `base = "NAME"` + overrides)."""
-    raw, source = _load_raw(name_or_path)
-    if source != "packaged" and "base" in raw:
-        base_name = raw["base"]
-        if not isinstance(base_name, str) or base_name not in packaged_names():
-            raise RecipeError(f"base: expected one of {', '.join(packaged_names())}, found {base_name!r}")
-        raw = _merge(_load_raw(base_name)[0], raw)
+    raw, source, _ = textfile.load_toml(name_or_path, _folder(), "recipe", RecipeError)
     return _validate(raw, source)
 
 
@@ -209,7 +184,7 @@ def _validate(raw: dict, source: str) -> Recipe:
     for sec, label in ((srv, "server"), (drf, "draft")):
         # the runtime refuses a quantised V cache without flash attention (llama-context.cpp)
         fa = srv["flash_attn"]
-        if KV_TYPES[sec["cache_type_v"]] > 1 and fa == "off":
+        if kv_block(sec["cache_type_v"])[0] > 1 and fa == "off":
             raise RecipeError(f"{label}.cache_type_v: {sec['cache_type_v']} needs flash attention, "
                               f"found server.flash_attn = 'off'")
     if drf["n_min"] > drf["n_max"]:

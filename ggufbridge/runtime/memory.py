@@ -23,13 +23,15 @@ Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import PlanError
-from ggufbridge.runtime.recipes import Recipe
+from ggufbridge.runtime.recipes import Recipe, kv_block
 
 GIB = 1024**3
 MIB = 1024**2
@@ -37,14 +39,11 @@ KV_PAD = 256
 EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch)?exps\.")
 BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
-# GGML type name -> (block elements, block bytes), for the KV cache types the runtime accepts
-_KV_SIZES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
-             "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24)}
 
 
 def row_bytes(type_name: str, n: int) -> int:
     """Bytes of a row of n elements (ggml_row_size); n must be a multiple of the block size."""
-    blk, size = _KV_SIZES[type_name]
+    blk, size = kv_block(type_name)
     if n % blk:
         raise PlanError(f"KV cache type {type_name} needs rows divisible by {blk}, found a row of {n} "
                         f"(head_dim x heads); choose f16/bf16/f32")
@@ -73,6 +72,31 @@ class TargetShape:
     n_embd: int = 0
     expert_max_bytes: tuple[int, ...] = ()  # largest single routed-expert tensor per block
 
+    def with_tensor_bytes(self, tensors: Iterable[tuple[str, int]]) -> "TargetShape":
+        """This shape with its weight bytes from (GGUF tensor name, bytes) pairs: per block the routed experts
+        apart from the rest (and the largest expert tensor), token_embd as input, everything else as output.
+        Blocks past n_layer (MTP, loaded with the last layer's device) are counted in the last block."""
+        n = self.n_layer
+        block, experts, emax = [0] * n, [0] * n, [0] * n
+        inp = out = 0
+        for name, nbytes in tensors:
+            m = EXPERT_RE.match(name) or BLOCK_RE.match(name)
+            if m is None:
+                if name.startswith("token_embd."):
+                    inp += nbytes
+                else:
+                    out += nbytes
+                continue
+            il = int(m.group(1))
+            if m.re is EXPERT_RE:
+                experts[min(il, n - 1)] += nbytes
+                if il < n:
+                    emax[il] = max(emax[il], nbytes)
+            else:
+                block[min(il, n - 1)] += nbytes
+        return dataclasses.replace(self, block_bytes=tuple(block), expert_bytes=tuple(experts),
+                                   expert_max_bytes=tuple(emax), input_bytes=inp, output_bytes=out)
+
     @property
     def attention_layers(self) -> list[int]:
         return [i for i in range(self.n_layer) if not self.recurrent[i]]
@@ -86,7 +110,7 @@ class TargetShape:
             return 0
         h = self.n_head_kv[il]
         for t, d in ((type_k, self.key_length), (type_v, self.value_length)):
-            blk = _KV_SIZES[t][0]
+            blk = kv_block(t)[0]
             if d % blk:  # the runtime refuses a quantised cache whose head_dim is not whole blocks
                 raise PlanError(f"KV cache type {t} needs head_dim divisible by {blk}, found {d}; "
                                 f"use f16/bf16/f32")
@@ -208,23 +232,6 @@ def target_from_gguf(path: str | Path) -> TargetShape:
     h0 = n_head[0] if isinstance(n_head, list) else n_head
     kl = int(fields.get(p + "attention.key_length", n_embd // int(h0)))
     vl = int(fields.get(p + "attention.value_length", n_embd // int(h0)))
-    block = [0] * n_all
-    experts = [0] * n_all
-    emax = [0] * n_all
-    inp = out = 0
-    for name, nbytes in tensors:
-        m = EXPERT_RE.match(name)
-        if m:
-            experts[int(m.group(1))] += nbytes
-            emax[int(m.group(1))] = max(emax[int(m.group(1))], nbytes)
-            continue
-        m = BLOCK_RE.match(name)
-        if m:
-            block[int(m.group(1))] += nbytes
-        elif name.startswith("token_embd."):
-            inp += nbytes
-        else:
-            out += nbytes
     return TargetShape(
         n_layer=n, recurrent=rec, n_head_kv=_per_layer(heads_kv, n_all, "head_count_kv")[:n],
         key_length=kl, value_length=vl,
@@ -233,11 +240,7 @@ def target_from_gguf(path: str | Path) -> TargetShape:
         group_count=int(_need(fields, p + "ssm.group_count", path)),
         inner_size=int(_need(fields, p + "ssm.inner_size", path)),
         n_vocab=len(fields.get("tokenizer.ggml.tokens", [])),
-        n_ctx_train=int(fields.get(p + "context_length", 0)),
-        # MTP blocks (if any) are loaded with the last layer's device; fold them into it
-        block_bytes=tuple(block[:n - 1] + [sum(block[n - 1:])]),
-        expert_bytes=tuple(experts[:n - 1] + [sum(experts[n - 1:])]),
-        input_bytes=inp, output_bytes=out, n_embd=n_embd, expert_max_bytes=tuple(emax[:n]))
+        n_ctx_train=int(fields.get(p + "context_length", 0)), n_embd=n_embd).with_tensor_bytes(tensors)
 
 
 def draft_from_gguf(path: str | Path) -> DraftShape:
@@ -268,9 +271,13 @@ CATEGORIES = ("weights", "kv", "state", "draft", "mmproj", "compute")
 DEVICE_PREFIX = {"cuda": "CUDA", "metal": "MTL", "vulkan": "Vulkan", "hip": "ROCm", "sycl": "SYCL"}
 
 
+POOL_KINDS = ("rpc", "gpu", "host")  # an RPC worker's device, a local GPU (or unified memory), host memory
+
+
 @dataclass
 class Pool:
     name: str
+    kind: str  # one of POOL_KINDS
     budget: int
     use: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     device: str | None = None  # llama.cpp's name for it (RPC0, CUDA0, ...); None: the host, or a backend not named
@@ -285,7 +292,7 @@ class Pool:
 
 
 @dataclass
-class Plan:
+class MemoryPlan:
     recipe: str
     ctx: int
     n_gpu_layers: int
@@ -355,13 +362,14 @@ def _pools(recipe: Recipe, rpc_workers: int) -> tuple[list[Pool], Pool]:
     mem = recipe.memory
     prefix = DEVICE_PREFIX.get(recipe.backend)
     gpu = (lambda i: f"{prefix}{i}") if prefix else (lambda i: None)
-    rpc = [Pool(f"rpc{i}", int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB), device=f"RPC{i}")
-           for i in range(rpc_workers)]
+    worker = int((recipe.rpc["worker_gib"] - recipe.rpc["worker_headroom_gib"]) * GIB)
+    rpc = [Pool(f"rpc{i}", "rpc", worker, device=f"RPC{i}") for i in range(rpc_workers)]
     if mem["unified"]:
-        shared = Pool("gpu0 (unified)", int((mem["gpu_gib"][0] - mem["headroom_gib"]) * GIB), device=gpu(0))
+        shared = Pool("gpu0 (unified)", "gpu", int((mem["gpu_gib"][0] - mem["headroom_gib"]) * GIB), device=gpu(0))
         return rpc + [shared], shared
-    gpus = [Pool(f"gpu{i}", int((g - mem["headroom_gib"]) * GIB), device=gpu(i)) for i, g in enumerate(mem["gpu_gib"])]
-    host = Pool("host", int((mem["host_gib"] - mem["host_headroom_gib"]) * GIB))
+    gpus = [Pool(f"gpu{i}", "gpu", int((g - mem["headroom_gib"]) * GIB), device=gpu(i))
+            for i, g in enumerate(mem["gpu_gib"])]
+    host = Pool("host", "host", int((mem["host_gib"] - mem["host_headroom_gib"]) * GIB))
     return rpc + gpus, host
 
 
@@ -395,7 +403,7 @@ def _assign(devices: list[Pool], split: list[float] | None, n_layer: int, ngl: i
 
 
 def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_moe: int,
-             draft: DraftShape | None = None, mmproj_bytes: int = 0, rpc_workers: int = 0) -> Plan:
+             draft: DraftShape | None = None, mmproj_bytes: int = 0, rpc_workers: int = 0) -> MemoryPlan:
     """Bytes per device for one setting. Does not search; see `make_plan`."""
     srv, drf = recipe.server, recipe.draft
     devices, host = _pools(recipe, rpc_workers)
@@ -439,10 +447,10 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
             notes.append(f"draft.n_max {drf['n_max']} exceeds the draft's block_size {draft.block_size}; "
                          f"the runtime clamps it")
     if mmproj_bytes:
-        local_gpus = [d for d in devices if not d.name.startswith("rpc")]
+        local_gpus = [d for d in devices if d.kind == "gpu"]
         (local_gpus[0] if local_gpus and srv["mmproj_offload"] else host).use["mmproj"] += mmproj_bytes
     _add_compute(recipe, target, devices, host, dev + [out_pool], cells, n_cpu_moe)
-    return Plan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
+    return MemoryPlan(recipe=recipe.name, ctx=ctx, n_gpu_layers=ngl if devices else 0, n_cpu_moe=n_cpu_moe,
                 tensor_split=split, pools=pools, figures=figures, notes=notes,
                 layers=[d.name for d in dev] + [out_pool.name])
 
@@ -484,7 +492,7 @@ def _choices(setting, n_layer: int, descending: bool) -> list[int]:
 
 
 def make_plan(target: TargetShape, recipe: Recipe, *, ctx: int | None = None, draft: DraftShape | None = None,
-              mmproj_bytes: int = 0, rpc_workers: int | None = None) -> Plan:
+              mmproj_bytes: int = 0, rpc_workers: int | None = None) -> MemoryPlan:
     """Pick -c / -ngl / --n-cpu-moe so everything fits every device; raise PlanError when nothing does.
 
     Search order (first fit wins): the recipe's context (at most the model's trained context, and at most

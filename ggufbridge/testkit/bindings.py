@@ -158,7 +158,8 @@ class VisionSession:
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def chunks(self, text: str, images: list, n_past: int = 0, encode: bool = True, frames: bool = False) -> list[Chunk]:
+    def chunks(self, text: str, images: list, n_past: int = 0, encode: bool = True,
+               frames: bool = False) -> list[Chunk]:
         """libmtmd's layout of `text`, where each `self.marker` stands for the next image (PIL RGB or an H×W×3
         uint8 array), with the image chunks placed from position `n_past` and (with `encode`) their embeddings
         computed. `frames`: the images are the frames of one clip, marked as mtmd-helper's video reader marks them."""
@@ -206,7 +207,8 @@ class VisionSession:
             p = mt.mtmd_image_tokens_get_decoder_pos(toks, n_past, i)
             pos[:, i] = (p.t, p.y, p.x, p.z)  # row order of the decoder: t, h (y), w (x), e
         if not encode:
-            return Chunk("image", embd=np.zeros((n, 0), dtype=np.float32), pos=pos, n_pos=mt.mtmd_input_chunk_get_n_pos(c))
+            return Chunk("image", embd=np.zeros((n, 0), dtype=np.float32), pos=pos,
+                         n_pos=mt.mtmd_input_chunk_get_n_pos(c))
         if mt.mtmd_encode_chunk(self.mctx, c) != 0:
             raise VisionModelError("the runtime failed to encode an image chunk (mtmd_encode_chunk)")
         ptr = mt.mtmd_get_output_embd(self.mctx)

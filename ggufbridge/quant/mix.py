@@ -8,22 +8,20 @@ single tensors by their GGUF name (what `quantize --fit-bytes` writes: a type pe
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 
 from ggufbridge.errors import QuantError
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, CLASSES, classify
-from ggufbridge.textfile import read_utf8
+from ggufbridge import textfile
 
 KEPT_TYPE = "F32"  # what the converter writes for every class llama.cpp never quantises
 TOP_KEYS = {"description", "file_type", "types", "base", "tensors", "fit"}
 
 
 @dataclass(frozen=True)
-class QuantRecipe:
+class Mix:
     name: str
     description: str
     file_type: str  # llama-quantize type argument (→ general.file_type); all tensor types are explicit
@@ -44,42 +42,16 @@ def _dir():
 
 
 def packaged_names() -> list[str]:
-    return sorted(p.name[:-5] for p in _dir().iterdir() if p.name.endswith(".toml"))
+    return textfile.packaged_names(_dir())
 
 
-def _read(name_or_path: str) -> tuple[dict, str, str]:
-    path = Path(name_or_path)
-    if name_or_path.endswith(".toml") or path.is_file():
-        if not path.is_file():
-            raise QuantError(f"quantisation recipe file {path} does not exist")
-        text, source, name = read_utf8(path, QuantError), str(path), path.stem
-    else:
-        res = _dir().joinpath(f"{name_or_path}.toml")
-        if not res.is_file():
-            raise QuantError(f"unknown quantisation recipe {name_or_path!r}: expected one of "
-                             f"{', '.join(packaged_names())} or a path to a .toml file")
-        text, source, name = res.read_text(), "packaged", name_or_path
-    try:
-        return tomllib.loads(text), source, name
-    except tomllib.TOMLDecodeError as e:
-        raise QuantError(f"quantisation recipe {name_or_path}: not valid TOML ({e})") from None
-
-
-def load_quant_recipe(name_or_path: str) -> QuantRecipe:
-    raw, source, name = _read(name_or_path)
-    if "base" in raw:
-        base = raw["base"]
-        if source == "packaged" or not isinstance(base, str) or base not in packaged_names():
-            raise QuantError(f"recipe {name}: base must name a packaged recipe ({', '.join(packaged_names())}), "
-                             f"found {base!r}")
-        braw = _read(base)[0]
-        raw = {**braw, **{k: v for k, v in raw.items() if k not in ("types", "tensors")},
-               "types": {**braw.get("types", {}), **raw.get("types", {})},
-               "tensors": {**braw.get("tensors", {}), **raw.get("tensors", {})}}
+def load_mix(name_or_path: str) -> Mix:
+    """A packaged mix by name, or a user TOML file by path (optionally `base = "NAME"` + overrides)."""
+    raw, source, name = textfile.load_toml(name_or_path, _dir(), "quantisation recipe", QuantError)
     return validate(raw, name, source)
 
 
-def validate(raw: dict, name: str, source: str = "packaged") -> QuantRecipe:
+def validate(raw: dict, name: str, source: str = "packaged") -> Mix:
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise QuantError(f"recipe {name}: unknown key(s) {', '.join(unknown)}; "
@@ -127,5 +99,5 @@ def validate(raw: dict, name: str, source: str = "packaged") -> QuantRecipe:
     fit = raw.get("fit", {})
     if not isinstance(fit, dict):
         raise QuantError(f"recipe {name}: [fit] must be a table, found {fit!r}")
-    return QuantRecipe(name=name, description=desc, file_type=ft, types=types, source=source, tensors=per_tensor,
+    return Mix(name=name, description=desc, file_type=ft, types=types, source=source, tensors=per_tensor,
                        fit=fit)
