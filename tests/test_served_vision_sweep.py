@@ -97,7 +97,10 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ban(ckpt):
-    return {str(i): False for i in sc.partial_utf8_ids(hf_processor(ckpt[0]).tokenizer)}
+    """Byte fragments (see served_chat.partial_utf8_ids) and the special tokens: a random model that emits the
+    image placeholder would hand transformers a continuation with one image token too many."""
+    tok = hf_processor(ckpt[0]).tokenizer
+    return {str(i): False for i in sc.partial_utf8_ids(tok) + list(tok.all_special_ids)}
 
 
 def _deviation(ref_lp: np.ndarray, top: list[dict[int, float]]) -> float:
