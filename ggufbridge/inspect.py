@@ -116,9 +116,12 @@ def _plain(v):
     return v
 
 
-def _coupling(kv: dict, tensors: dict[str, TensorInfo]) -> dict:
+def _coupling(kv: dict, tensors: dict[str, TensorInfo], path: Path) -> dict:
+    """The draft's coupling values; the DSpark ones under our `dflash.*` or upstream's `dspark.*` keys."""
+    from ggufbridge.ggufio.names import draft_value
+
     a = "dflash"
-    taps = kv.get(f"{a}.target_layers")
+    taps = draft_value(kv, "target_layers", path)
     taps = [int(x) for x in taps] if taps is not None else None
     mask = kv.get("tokenizer.ggml.mask_token_id")
     tokens = kv.get("tokenizer.ggml.tokens")
@@ -130,13 +133,13 @@ def _coupling(kv: dict, tensors: dict[str, TensorInfo]) -> dict:
     out = {
         "target_layers": taps,
         "hf_target_layer_ids": [t - 1 for t in taps] if taps else None,
-        "block_size": kv.get(f"{a}.block_size"),
+        "block_size": draft_value(kv, "block_size", path),
         "mask_token_id": mask,
         "mask_token": tokens[mask] if isinstance(tokens, list) and isinstance(mask, int) and 0 <= mask < len(tokens)
         else None,
-        "sample_from_anchor": kv.get(f"{a}.sample_from_anchor"),
+        "sample_from_anchor": draft_value(kv, "sample_from_anchor", path),
         "causal": kv.get(f"{a}.attention.causal"),
-        "has_confidence_head_key": kv.get(f"{a}.has_confidence_head"),
+        "has_confidence_head_key": draft_value(kv, "has_confidence_head", path),
         "heads": heads,
         "speculative_type": "draft-dspark" if "markov_w1.weight" in tensors else "draft-dflash",
         "own_embeddings": "token_embd.weight" in tensors,
@@ -180,7 +183,7 @@ def inspect_gguf(path: str | Path) -> Report:
         path=str(h.path), file_bytes=h.file_bytes, role=role, architecture=arch,
         name=kv.get("general.name"), file_type=kv.get("general.file_type"),
         hyperparameters=hp, vocab=vocab,
-        coupling=_coupling(kv, by_name) if role == "draft" else None,
+        coupling=_coupling(kv, by_name, h.path) if role == "draft" else None,
         tensor_count=len(h.tensors), tensor_bytes=sum(t.nbytes for t in h.tensors),
         components=components, types=dict(sorted(types.items())),
         quantisation=_quantisation(h) if role == "target" else None,

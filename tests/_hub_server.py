@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 # Files stored through git-lfs on the hubs (sha256 oid, X-Linked-Etag); the others are plain git blobs.
-LFS_SUFFIXES = (".safetensors", ".bin", ".onnx", ".png")
+LFS_SUFFIXES = (".safetensors", ".bin", ".onnx", ".png", ".gguf")
 
 
 @dataclass

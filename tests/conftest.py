@@ -6,6 +6,8 @@ Nothing here writes outside pytest's temporary directories except the tokenizer 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -56,11 +58,29 @@ def confident_ckpt(tiny_ckpt, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ksafe_bf16(make_ckpt, tmp_path_factory):
-    """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model (every row a multiple of 256),
-    converted once for test_quant and test_quant_fit (both only read it: their outputs go to tmp_path)."""
+def make_gguf(make_ckpt, tmp_path_factory):
+    """Factory: `make_gguf(spec_name, outtype, **make_ckpt_kwargs) -> Path` of the target GGUF that `convert` writes
+    for that checkpoint (no mmproj, no draft), converted once per session and shared by every module that asks for
+    the same one. Read-only, like make_ckpt's folders."""
     from ggufbridge.convert import convert
 
-    ckpt = make_ckpt("ksafe", dtype="bfloat16", vocab="small")
-    res = convert(ckpt, tmp_path_factory.mktemp("ksafe-bf16"), outtype="bf16", mmproj=False, progress=False)
-    return ckpt, res.path("target")
+    cache = {}
+
+    def make(spec_name: str = "tiny", outtype: str = "f32", **kw) -> Path:
+        key = (spec_name, outtype, tuple(sorted(kw.items())))
+        if key not in cache:
+            ckpt = make_ckpt(spec_name, **kw)
+            label = "-".join(["gguf", spec_name, outtype] + [f"{k}={v}" for k, v in sorted(kw.items())])
+            out = tmp_path_factory.mktemp(label.replace("/", "_"))
+            cache[key] = convert(ckpt, out, outtype=outtype, mmproj=False, progress=False).path("target")
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def ksafe_bf16(make_ckpt, make_gguf):
+    """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model (every row a multiple of 256),
+    converted once for test_quant and test_quant_fit (both only read it: their outputs go to tmp_path)."""
+    kw = {"dtype": "bfloat16", "vocab": "small"}
+    return make_ckpt("ksafe", **kw), make_gguf("ksafe", "bf16", **kw)

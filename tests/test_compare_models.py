@@ -51,14 +51,8 @@ def small_ckpt(make_ckpt):
 
 
 @pytest.fixture(scope="module")
-def ggufs(small_ckpt, tmp_path_factory):
-    from ggufbridge.convert import convert
-
-    out = {}
-    for t in ("f32", "q8_0"):
-        res = convert(small_ckpt, tmp_path_factory.mktemp(f"gguf-{t}"), outtype=t, mmproj=False, progress=False)
-        out[t] = res.path("target")
-    return out
+def ggufs(make_gguf):
+    return {t: make_gguf("tiny", t, vocab="small") for t in ("f32", "q8_0")}
 
 
 @pytest.fixture(scope="module")

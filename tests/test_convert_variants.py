@@ -40,22 +40,19 @@ def _tensors(path) -> dict[str, tuple[str, bytes]]:
 
 
 @pytest.mark.slow
-def test_fused_experts_convert_to_the_same_file(make_ckpt, tmp_path):
+def test_fused_experts_convert_to_the_same_file(make_gguf):
     """Experts stored fused (gate_up_proj / down_proj) give byte-identical tensors to per-expert storage."""
-    per = convert(make_ckpt("tiny", vocab="small"), tmp_path / "a", outtype="f32", progress=False, mmproj=False)
-    fused = convert(make_ckpt("tiny", vocab="small", fused_experts=True), tmp_path / "b", outtype="f32",
-                    progress=False, mmproj=False)
-    a, b = _tensors(per.path("target")), _tensors(fused.path("target"))
+    a = _tensors(make_gguf("tiny", "f32", vocab="small"))
+    b = _tensors(make_gguf("tiny", "f32", vocab="small", fused_experts=True))
     assert a.keys() == b.keys()
     assert all(a[k] == b[k] for k in a)
 
 
 @pytest.mark.slow
-def test_bf16_weights_pass_through_bit_exact(make_ckpt, tmp_path):
+def test_bf16_weights_pass_through_bit_exact(make_ckpt, make_gguf):
     """BF16 → BF16: untransformed matrices keep their exact bits (read independently with safetensors)."""
     ckpt = make_ckpt("tiny", vocab="small", dtype="bfloat16")
-    out = convert(ckpt, tmp_path, outtype="bf16", progress=False, mmproj=False).path("target")
-    got = _tensors(out)
+    got = _tensors(make_gguf("tiny", "bf16", vocab="small", dtype="bfloat16"))
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
     pairs = {"output.weight": "lm_head.weight",
              "token_embd.weight": "model.language_model.embed_tokens.weight",

@@ -39,9 +39,8 @@ def target(make_ckpt):
 
 
 @pytest.fixture(scope="module")
-def target_gguf(target, tmp_path_factory):
-    out = tmp_path_factory.mktemp("target-gguf")
-    return convert(target, out, outtype="f32", mmproj=False, progress=False).path("target")
+def target_gguf(make_gguf):
+    return make_gguf("tiny", "f32", vocab="small")
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +79,16 @@ def oracle(tmp_path_factory):
 ORACLE_PROMPTS = ["Hello world", [1, 2, 3, 4, 5], [150], [163], "abc def"]
 
 
-def test_oracle_pair_drafts_are_accepted(oracle, tmp_path):
+@pytest.fixture(scope="module")
+def oracle_plain(oracle, tmp_path_factory):
+    """The oracle target's greedy output without a draft: what every drafted run below must reproduce."""
+    _, res, _ = oracle
+    return _run(res.path("target"), None, tmp_path_factory.mktemp("oracle-plain"), "plain", ORACLE_PROMPTS)
+
+
+def test_oracle_pair_drafts_are_accepted(oracle, oracle_plain, tmp_path):
     pair, res, _ = oracle
-    plain = _run(res.path("target"), None, tmp_path, "plain", ORACLE_PROMPTS)
+    plain = oracle_plain
     spec = _run(res.path("target"), res.path("draft"), tmp_path, "spec", ORACLE_PROMPTS)
     drafted = accepted = 0
     for prompt, (want, _), (got, timings) in zip(ORACLE_PROMPTS, plain, spec):
@@ -98,7 +104,7 @@ def test_oracle_pair_drafts_are_accepted(oracle, tmp_path):
     assert accepted / drafted > 0.5, (accepted, drafted)
 
 
-def test_wrong_markov_map_gets_nothing_accepted(oracle, tmp_path):
+def test_wrong_markov_map_gets_nothing_accepted(oracle, oracle_plain, tmp_path):
     """Control: the same pair with the draft's Markov head shifted by one (t → succ(succ(t)))."""
     pair, res, root = oracle
     spec = replace(pair.draft_spec)
@@ -113,7 +119,7 @@ def test_wrong_markov_map_gets_nothing_accepted(oracle, tmp_path):
     t["markov_head.markov_w2.weight"] = w2
     wrong = fx.write_draft(tmp_path / "wrong", cfg, t, dtype="float32")
     res2 = convert(pair.target_dir, tmp_path / "out", outtype="f32", draft=wrong, mmproj=False, progress=False)
-    plain = _run(res2.path("target"), None, tmp_path, "plain", ORACLE_PROMPTS)
+    plain = oracle_plain  # res2's target is the same file as the oracle's
     spec_out = _run(res2.path("target"), res2.path("draft"), tmp_path, "spec", ORACLE_PROMPTS)
     drafted = accepted = 0
     for (want, _), (got, timings) in zip(plain, spec_out):
@@ -125,7 +131,7 @@ def test_wrong_markov_map_gets_nothing_accepted(oracle, tmp_path):
 
 
 @pytest.mark.parametrize("bias,accepts", [(10.0, True), (-10.0, False)])
-def test_confidence_head_gates_drafting(oracle, tmp_path, bias, accepts):
+def test_confidence_head_gates_drafting(oracle, oracle_plain, tmp_path, bias, accepts):
     """With --spec-draft-p-min the runtime stops drafting where sigmoid(conf_proj · [h; w1[prev]] + b) < p_min:
     a confident head keeps the oracle's drafts, an unconfident one suppresses every draft."""
     import json
@@ -138,7 +144,7 @@ def test_confidence_head_gates_drafting(oracle, tmp_path, bias, accepts):
     t["confidence_head.proj.bias"] = np.array([bias], np.float32)
     d = fx.write_draft(tmp_path / "draft", cfg, t, dtype="float32")
     res = convert(pair.target_dir, tmp_path / "out", outtype="f32", draft=d, mmproj=False, progress=False)
-    plain = _run(res.path("target"), None, tmp_path, "plain", ORACLE_PROMPTS)
+    plain = oracle_plain  # the same target file as the oracle's
     gated = _run(res.path("target"), res.path("draft"), tmp_path, "gated", ORACLE_PROMPTS,
                  extra=("--spec-draft-p-min", "0.5"))
     drafted = accepted = 0

@@ -24,7 +24,7 @@ def _stem(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def outputs(make_ckpt, tmp_path_factory):
-    target = make_ckpt("tiny")
+    target = make_ckpt("tiny", vocab="small")
     draft = fx.make_dspark(tmp_path_factory.mktemp("names") / "draft", target, "tiny")
     return {o.role: o.plan for o in plan_outputs(ModelDir.open(target), outtype="f32", basename=None, draft=draft)}
 

@@ -78,7 +78,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # What each part of ggufbridge may import (besides itself), lowest first. A package that is not listed is a new
 # one: the test asks for its row. Leaves (errors, units, files, textfile, signals, the package root for its
 # version) hold facts and helpers everyone shares; the format (ggufio) sits on the checkpoint reader; converters
-# (arch) on both; the runner (runtime) and the measurements (compare) on the format; quantisation above them (it
+# (arch) on both; the runner (runtime: it also fetches GGUF repos through checkpoint's hub client) and the
+# measurements (compare) on the format; quantisation above them (it
 # plans memory with the runtime and measures KL with compare); the commands (cli) on top.
 LEAVES = {"ggufbridge", "errors", "units", "files", "textfile", "signals"}
 LAYERS: dict[str, set[str]] = {
@@ -88,7 +89,7 @@ LAYERS: dict[str, set[str]] = {
     "arch": LEAVES | {"checkpoint", "ggufio"},
     "testkit": LEAVES | {"ggufio", "compare"},
     "vision": LEAVES | {"ggufio"},
-    "runtime": LEAVES | {"ggufio", "vision"},
+    "runtime": LEAVES | {"checkpoint", "ggufio", "vision"},  # checkpoint: hub downloads of GGUF repos
     "compare": LEAVES | {"checkpoint", "ggufio"},
     "quant": LEAVES | {"ggufio", "runtime", "compare"},
     "inspect": LEAVES | {"ggufio", "quant"},

@@ -64,11 +64,10 @@ def generates(path: Path, n: int = 4) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def tiny_bf16(make_ckpt, tmp_path_factory):
+def tiny_bf16(make_ckpt, make_gguf):
     """A model whose rows (64, 32) are not whole K-quant blocks: every K-quant must fall back."""
-    ckpt = make_ckpt("tiny", dtype="bfloat16", vocab="small")
-    res = convert(ckpt, tmp_path_factory.mktemp("tiny-bf16"), outtype="bf16", mmproj=False, progress=False)
-    return ckpt, res.path("target")
+    kw = {"dtype": "bfloat16", "vocab": "small"}
+    return make_ckpt("tiny", **kw), make_gguf("tiny", "bf16", **kw)
 
 
 @pytest.mark.slow

@@ -115,7 +115,7 @@ def test_dry_run_rpc_needs_matching_endpoints(model_dir):
 def test_missing_draft_is_explained(make_ckpt, tmp_path_factory):
     plain = converted(make_ckpt, tmp_path_factory, with_draft=False)
     res = CliRunner().invoke(cli, ["serve", str(plain), "--draft", "--dry-run"])
-    assert res.exit_code == 2 and "lists no 'draft' file" in res.stderr
+    assert res.exit_code == 2 and "manifest.json lists no draft (dflash)" in res.stderr
 
 
 @pytest.mark.parametrize("host", ["0", "0.0.0.0", "::"])

@@ -219,7 +219,7 @@ def test_video_settings_are_read_where_transformers_reads_them(tmp_path, where):
     from ggufbridge.convert import convert
     from ggufbridge.testkit.checkpoint import make_minicpmv47
 
-    ck = make_minicpmv47(tmp_path / "ck", "tiny")
+    ck = make_minicpmv47(tmp_path / "ck", "tiny", vocab="small")
     pre = json.loads((ck / "preprocessor_config.json").read_text())
     vp = {**pre, "max_num_frames": 7, "stack_frames": 3}
     decoy = {**pre, "max_num_frames": 5, "stack_frames": 2}  # shadowed by the file before it in the lookup
@@ -468,7 +468,7 @@ def test_stacked_frames_are_refused(tmp_path):
     from ggufbridge.convert import convert
     from ggufbridge.testkit.checkpoint import make_minicpmv47
 
-    ck = make_minicpmv47(tmp_path / "ck", "tiny")
+    ck = make_minicpmv47(tmp_path / "ck", "tiny", vocab="small")
     pre = json.loads((ck / "preprocessor_config.json").read_text())
     (ck / "processor_config.json").write_text(json.dumps({"video_processor": {**pre, "stack_frames": 3}}))
     out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype="f32", progress=False).out_dir

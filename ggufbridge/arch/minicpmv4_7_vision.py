@@ -17,13 +17,16 @@ from ggufbridge.ggufio.plan import ConversionPlan, PlannedTensor
 from ggufbridge.checkpoint.model_dir import ModelDir, load_json
 from ggufbridge.checkpoint.safetensors import to_f32
 from ggufbridge.errors import CheckpointError, ConfigError
-from ggufbridge.ggufio.names import (MINICPMV_CANVAS_MROPE, MINICPMV_MAX_SLICE_NUMS, MINICPMV_PROCESSOR_SLICING,
-                                    MINICPMV_USE_IMAGE_ID, MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES,
-                                    PROJECTOR_MINICPMV4_6, Keys)
+from ggufbridge.ggufio.names import (CLIP_VISION_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_MAX_SLICE_NUMS,
+                                    MINICPMV_PROCESSOR_SLICING, MINICPMV_USE_IMAGE_ID, MINICPMV_VIDEO_MAX_NUM_FRAMES,
+                                    MINICPMV_VIDEO_STACK_FRAMES, Keys)
 from ggufbridge.ggufio.names import VIT_MERGER as VIT_MERGER_PREFIX
 
 ARCH = "clip"
-PROJECTOR = PROJECTOR_MINICPMV4_6  # the pinned runtime's projector for MiniCPM-V 4.6 and 4.7 (same graph)
+# The runtime's projector for MiniCPM-V 4.6 and 4.7 (same graph). Not upstream's newer `minicpmv4_7`: the pinned
+# stock runtime does not know that name and would refuse the file, while every build we know of with 4.7 support
+# still runs `minicpmv4_6` (docs/vision.md, "Which llama.cpp runs which file").
+PROJECTOR = "minicpmv4_6"
 RUNTIME_GRID = 70  # the runtime indexes v.position_embd with a fixed 70×70 bucket grid
 DEFAULT_SCALE_RESOLUTION = 448
 TOWER = "model.vision_tower."
@@ -242,6 +245,7 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     # canvas M-RoPE and the <image_id> prefix; a stock runtime ignores unknown keys
     plan.bool(MINICPMV_PROCESSOR_SLICING, True)
     plan.u32(MINICPMV_MAX_SLICE_NUMS, p.max_slice_nums)
+    plan.u32(CLIP_VISION_MAX_SLICE_NUMS, p.max_slice_nums)  # upstream's name for it: builds with 4.7 support read it
     plan.bool(MINICPMV_CANVAS_MROPE, True)
     plan.bool(MINICPMV_USE_IMAGE_ID, p.use_image_id)
     # read by ggufbridge's video reader (vision/ffshim.py): the frames a clip contributes

@@ -107,7 +107,7 @@ def cached_hf_snapshot(repo_id: str, revision: str | None = None) -> Path | None
     return None
 
 
-def _hf_download(spec: HubSpec, progress: bool) -> Path:
+def _hf_download(spec: HubSpec, progress: bool, patterns: tuple[str, ...] = ALLOW_PATTERNS) -> Path:
     try:
         import huggingface_hub as hh
         from huggingface_hub import constants  # a submodule: not an attribute until imported
@@ -119,10 +119,10 @@ def _hf_download(spec: HubSpec, progress: bool) -> Path:
     offline = constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
     try:
         if not offline:
-            _hf_fetch_lfs(spec, revision, cache, endpoint, progress)
+            _hf_fetch_lfs(spec, revision, cache, endpoint, progress, patterns)
         # what is left is small (configs, tokenizer): no second set of bars beside the shards' one
         path = hh.snapshot_download(
-            spec.repo_id, revision=revision, cache_dir=cache, endpoint=endpoint, allow_patterns=list(ALLOW_PATTERNS),
+            spec.repo_id, revision=revision, cache_dir=cache, endpoint=endpoint, allow_patterns=list(patterns),
             local_files_only=offline, tqdm_class=functools.partial(tqdm, disable=True))
     except Exception as e:
         if not _is_client_error(e):
@@ -131,8 +131,9 @@ def _hf_download(spec: HubSpec, progress: bool) -> Path:
     return Path(path)
 
 
-def _hf_fetch_lfs(spec: HubSpec, revision: str, cache: Path, endpoint: str | None, progress: bool) -> None:
-    """Fetch the LFS files among ALLOW_PATTERNS into the cache's blobs/, resumably and sha256-checked."""
+def _hf_fetch_lfs(spec: HubSpec, revision: str, cache: Path, endpoint: str | None, progress: bool,
+                  patterns: tuple[str, ...] = ALLOW_PATTERNS) -> None:
+    """Fetch the LFS files among `patterns` into the cache's blobs/, resumably and sha256-checked."""
     import huggingface_hub as hh
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.utils import build_hf_headers, filter_repo_objects
@@ -151,7 +152,7 @@ def _hf_fetch_lfs(spec: HubSpec, revision: str, cache: Path, endpoint: str | Non
         return
     folder = repo_folder_name(repo_id=spec.repo_id, repo_type="model")
     blobs, locks = cache / folder / "blobs", cache / ".locks" / folder
-    todo = [lfs[p] for p in filter_repo_objects(sorted(lfs), allow_patterns=list(ALLOW_PATTERNS))
+    todo = [lfs[p] for p in filter_repo_objects(sorted(lfs), allow_patterns=list(patterns))
             if not (blobs / lfs[p].lfs.sha256).exists()]
     if not todo:
         return

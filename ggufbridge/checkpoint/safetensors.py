@@ -62,7 +62,8 @@ class TensorRef:
         if out is None:
             out = np.empty(self.shape, dtype=np_dtype)
         elif out.dtype != np_dtype or out.shape != self.shape or not out.flags.c_contiguous:
-            raise ValueError(f"{self.name}: cannot read {self.dtype}{list(self.shape)} into {out.dtype}{list(out.shape)}")
+            raise ValueError(f"{self.name}: cannot read {self.dtype}{list(self.shape)} into "
+                             f"{out.dtype}{list(out.shape)}")
         buf = memoryview(out.reshape(-1).view(np.uint8)) if self.nbytes else memoryview(b"")
         with open(self.path, "rb", buffering=0) as f:
             f.seek(self.start)
@@ -101,7 +102,8 @@ def read_header(path: Path) -> tuple[dict[str, TensorRef], dict[str, str]]:
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES:
                 raise CheckpointError(
-                    f"{path.name}: header length {n} exceeds the {MAX_HEADER_BYTES} byte limit (corrupt or hostile file)"
+                    f"{path.name}: header length {n} exceeds the {MAX_HEADER_BYTES} byte limit "
+                    f"(corrupt or hostile file)"
                 )
             if 8 + n > size:
                 raise CheckpointError(f"{path.name}: header length {n} runs past the end of the {size} byte file")
@@ -139,7 +141,8 @@ def read_header(path: Path) -> tuple[dict[str, TensorRef], dict[str, str]]:
             raise CheckpointError(f"{path.name}: tensor {name} has invalid data offsets [{begin}, {end}]")
         if end - begin != want:
             raise CheckpointError(
-                f"{path.name}: tensor {name} declares {end - begin} bytes but shape {list(shape)} × {dtype} needs {want}"
+                f"{path.name}: tensor {name} declares {end - begin} bytes but shape {list(shape)} × {dtype} "
+                f"needs {want}"
             )
         if end > data_len:
             raise CheckpointError(

@@ -56,6 +56,31 @@ recipe = _option("--recipe", "recipe_name", default="cpu", show_default=True, me
                  help=f"Hardware recipe: a packaged one ({_names('recipes')}) or a path to a recipe .toml "
                       "(decides -ngl, KV types, draft settings).")
 draft = _option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
+_DRAFT_OF_MODEL = "\0model"  # `--draft` without a file: the draft that comes with MODEL
+
+
+def model(draft_help: str = "Speculative decoding with the DSpark draft: MODEL's, or FILE."):
+    """MODEL, `--mmproj FILE` and `--draft [FILE]` (serve, run, plan, bench): the command gets `model` as a
+    runtime.artifacts.ModelSpec and `draft` as a bool (drafting on). MODEL is an OUT_DIR of `convert`, a folder of
+    GGUF files, a .gguf file or `hf://ORG/REPO[@REV][:QUANT]` (docs/gguf-files.md). `--draft` takes the next word
+    as its FILE unless it starts with `-`: write it after MODEL."""
+
+    def decorator(f):
+        @functools.wraps(f)
+        def wrapper(*args, model, mmproj=None, draft=None, **kwargs):
+            from ggufbridge.runtime.artifacts import ModelSpec
+
+            spec = ModelSpec(model, mmproj, None if draft in (None, _DRAFT_OF_MODEL) else draft)
+            return f(*args, model=spec, draft=draft is not None, **kwargs)
+
+        wrapper = click.option("--draft", "draft", is_flag=False, flag_value=_DRAFT_OF_MODEL, default=None,
+                               metavar="[FILE]", help=draft_help + " FILE: a dflash GGUF, ours or upstream "
+                               "llama.cpp's (checked against the model).")(wrapper)
+        wrapper = click.option("--mmproj", "mmproj", default=None, metavar="FILE",
+                               help="The projector GGUF for images and video (instead of MODEL's own).")(wrapper)
+        return click.argument("model", metavar="MODEL")(wrapper)
+
+    return decorator
 ctx = _option("--ctx", type=click.IntRange(256, INT32_MAX), default=None, show_default=True,
               help="Context size (default: the plan's).")
 threads = _option("--threads", type=click.IntRange(1, INT32_MAX), default=None, help="CPU threads for llama-server.")

@@ -9,6 +9,8 @@ import click
 from ggufbridge.cli import _options as opt
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import patches
+from ggufbridge.runtime.artifacts import PROJECTORS
+from ggufbridge.ggufio.names import DRAFT_KEYS
 
 
 @click.command()
@@ -34,6 +36,13 @@ def command(llama_bin: str | None, python: str | None) -> None:
                    "files: " + ("exact, as ours" if rt.knows_minicpmv4_7 else "not loaded (an older series)"))
     else:
         click.echo(f"warning: vision: {patches.STOCK_IMAGE_LOSS}", err=True)
+    known = [p for p in PROJECTORS if rt.has_string(p)]
+    unknown = [p for p in PROJECTORS if p not in known]
+    click.echo(f"mmproj    projectors {', '.join(known) or 'none'}"
+               + (f"; not {', '.join(unknown)} (such files will not load here)" if unknown else ""))
+    upstream_draft = rt.has_string(DRAFT_KEYS["block_size"][1], "libllama")
+    click.echo("draft     DSpark keys dflash.*" + (
+        " and dspark.*" if upstream_draft else " (drafts with upstream's dspark.* keys: served from a renamed copy)"))
     want = patches.series_hash()
     if carried and rt.info.get("patch_hash") not in (None, want):
         click.echo(f"warning: this runtime carries patch series {rt.info.get('patch_hash')}, this checkout has "

@@ -9,10 +9,9 @@ from ggufbridge.runtime.oneshot import run_once
 
 
 @click.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@opt.model()
 @click.option("-p", "--prompt", required=True, help="The user message.")
 @opt.recipe()
-@opt.draft()
 @opt.n_predict()
 @click.option("--temp", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--seed", type=click.IntRange(max=opt.INT32_MAX), default=0, show_default=True)
@@ -26,13 +25,15 @@ from ggufbridge.runtime.oneshot import run_once
 @opt.llama_bin()
 @click.option("--show-command", is_flag=True, help="Print the llama-cli command on stderr.")
 @opt.think
-def command(out_dir, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, videos, llama_bin, show_command,
+def command(model, prompt, recipe_name, draft, n_predict, temp, seed, ctx, images, videos, llama_bin, show_command,
             think, reasoning_budget):
-    """Answer PROMPT once with the chat template of the converted model and print the text."""
+    """Answer PROMPT once with MODEL's chat template and print the text. MODEL: an OUT_DIR of `convert`, a folder
+    of GGUF files, a .gguf file, or hf://ORG/REPO[:QUANT]."""
+
     def show(line: str) -> None:
         click.echo(f"command: {line}", err=True)
 
-    click.echo(run_once(out_dir, prompt, recipe=recipe_name, draft=draft, n_predict=n_predict, temp=temp, seed=seed,
+    click.echo(run_once(model, prompt, recipe=recipe_name, draft=draft, n_predict=n_predict, temp=temp, seed=seed,
                         ctx=ctx, images=list(images), videos=list(videos), llama_bin=llama_bin, think=think,
                         reasoning_budget=reasoning_budget, on_command=show if show_command else None,
                         on_warning=lambda line: click.echo(line, err=True)))

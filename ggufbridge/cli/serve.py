@@ -1,4 +1,4 @@
-"""`ggufbridge serve`: run llama-server on a converted folder with a hardware recipe
+"""`ggufbridge serve`: run llama-server on a model (a converted folder or GGUF files) with a hardware recipe
 (`ggufbridge.runtime.serving.serve`)."""
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ def _say(line: str) -> None:
 
 
 @click.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@opt.model("Speculative decoding with the DSpark draft, MODEL's or FILE (opt-in: it pays only on short prompts; "
+           "the context is capped at the recipe's draft.ctx_cap unless --ctx).")
 @opt.recipe()
-@opt.draft("Speculative decoding with the folder's DSpark draft (opt-in: it pays only on short prompts; the "
-           "context is capped at the recipe's draft.ctx_cap unless --ctx).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @opt.ctx()
@@ -35,13 +34,15 @@ def _say(line: str) -> None:
                    "(off by default).")
 @click.option("--dry-run", is_flag=True, help="Print the command and the memory plan; start nothing.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
-              help="llama-server log file (default: OUT_DIR/llama-server.log).")
+              help="llama-server log file (default: MODEL's folder/llama-server.log; a temporary folder for a hub "
+                   "spec or a read-only folder).")
 @opt.timeout()
 @opt.think
-def command(out_dir, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, media_path, dry_run,
+def command(model, recipe_name, draft, host, port, ctx, api_key, rpc, threads, llama_bin, media_path, dry_run,
             log_path, timeout, think, reasoning_budget):
-    """Serve OUT_DIR (written by `ggufbridge convert`) with llama-server, OpenAI-compatible under /v1."""
-    end = serve(out_dir, recipe=recipe_name, draft=draft, host=host, port=port, ctx=ctx, api_key=api_key, rpc=rpc,
+    """Serve MODEL with llama-server, OpenAI-compatible under /v1. MODEL: an OUT_DIR of `ggufbridge convert`, a folder
+    of GGUF files, a .gguf file (with --mmproj / --draft FILE), or hf://ORG/REPO[:QUANT]."""
+    end = serve(model, recipe=recipe_name, draft=draft, host=host, port=port, ctx=ctx, api_key=api_key, rpc=rpc,
                 threads=threads, llama_bin=llama_bin, media_path=media_path, think=think,
                 reasoning_budget=reasoning_budget, dry_run=dry_run, log_path=log_path, timeout=timeout,
                 say=_say, warn=lambda line: click.echo(line, err=True))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, Keys  # noqa: F401  (re-exported)
 
+from ggufbridge.errors import GGUFFileError
+
 LAYER = "blk.{bid}."
 
 
@@ -71,11 +73,14 @@ MINICPMV_PROCESSOR_SLICING = "clip.minicpmv.processor_slicing"
 MINICPMV_MAX_SLICE_NUMS = "clip.minicpmv.max_slice_nums"
 MINICPMV_CANVAS_MROPE = "clip.minicpmv.canvas_mrope"
 MINICPMV_USE_IMAGE_ID = "clip.minicpmv.use_image_id"
+# ... and upstream llama.cpp's key for the processor's slice cap (its converter writes it for minicpmv4_6 and
+# minicpmv4_7 after our pin; docs/vision.md, "Which llama.cpp runs which file"): written beside ours, same value
+CLIP_VISION_MAX_SLICE_NUMS = "clip.vision.max_slice_nums"
 # ... and the video processor settings ggufbridge's video reader samples clips with (the runtime ignores them)
 MINICPMV_VIDEO_MAX_NUM_FRAMES = "clip.minicpmv.video.max_num_frames"
 MINICPMV_VIDEO_STACK_FRAMES = "clip.minicpmv.video.stack_frames"
 MINICPMV_KEYS = (MINICPMV_PROCESSOR_SLICING, MINICPMV_MAX_SLICE_NUMS, MINICPMV_CANVAS_MROPE, MINICPMV_USE_IMAGE_ID,
-                 MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES)
+                 MINICPMV_VIDEO_MAX_NUM_FRAMES, MINICPMV_VIDEO_STACK_FRAMES, CLIP_VISION_MAX_SLICE_NUMS)
 
 # DFlash/DSpark draft (`dflash`, docs/formats.md, "Draft"): its own keys, and the tensors beside the usual blk.N.* ones
 DFLASH_ARCH = "dflash"
@@ -84,6 +89,11 @@ DFLASH_BLOCK_SIZE = "{arch}.block_size"
 DFLASH_SAMPLE_FROM_ANCHOR = "{arch}.sample_from_anchor"
 DFLASH_HAS_CONFIDENCE_HEAD = "{arch}.has_confidence_head"
 DFLASH_KEYS = (DFLASH_TARGET_LAYERS, DFLASH_BLOCK_SIZE, DFLASH_SAMPLE_FROM_ANCHOR, DFLASH_HAS_CONFIDENCE_HEAD)
+# Drafts written by upstream llama.cpp's converter after our pin store the same DSpark values as `dspark.*`
+# (docs/gguf-files.md, "Drafts from other converters"): each value and the keys that may hold it, ours first
+DSPARK_UPSTREAM_PREFIX = "dspark."
+DRAFT_KEYS = {t.removeprefix("{arch}."): (key(t, "dflash"), DSPARK_UPSTREAM_PREFIX + t.removeprefix("{arch}."))
+              for t in DFLASH_KEYS}
 DFLASH_TENSORS = ("fc", "enc.output_norm", "markov_w1", "markov_w2", "conf_proj", "d2t")
 
 # ggufbridge's own keys in a quantised target (written through llama-quantize --override-kv): the mix it was made
@@ -94,6 +104,23 @@ QUANT_FALLBACKS = "ggufbridge.quant.fallbacks"
 
 # what a GGUF is, by its architecture (`general.architecture`); anything else with a qwen35moe-like header is the target
 ROLE_OF_ARCH = {DFLASH_ARCH: "draft", "clip": "mmproj"}
+TARGET_ARCH = MODEL_ARCH_NAMES[MODEL_ARCH.QWEN35MOE]  # the MiniCPM-V 4.7 text model's: "qwen35moe"
+
+
+def draft_value(kv: dict, name: str, where) -> object:
+    """The draft's DSpark value `name` (a DRAFT_KEYS entry) under either key convention; None when absent. Both
+    present with different values: GGUFFileError naming both."""
+    ours, theirs = (kv.get(k) for k in DRAFT_KEYS[name])
+    plain = [v.tolist() if hasattr(v, "tolist") else v for v in (ours, theirs)]
+    if ours is not None and theirs is not None and plain[0] != plain[1]:
+        raise GGUFFileError(f"{where}: {DRAFT_KEYS[name][0]} = {plain[0]} and {DRAFT_KEYS[name][1]} = {plain[1]} "
+                            f"disagree")
+    return ours if ours is not None else theirs
+
+
+def upstream_draft_keys(kv: dict) -> list[str]:
+    """The `dspark.*` keys a draft holds without their `dflash.*` twin (what a runtime reading `dflash.*` misses)."""
+    return [theirs for ours, theirs in DRAFT_KEYS.values() if theirs in kv and ours not in kv]
 
 
 def role_of(kv: dict) -> str:

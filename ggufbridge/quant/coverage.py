@@ -129,7 +129,7 @@ def fill_missing(path, out=None) -> list[str]:
     filled tensor. A tensor no expert of which saw a token is left as it is (nothing to take a mean of), with a
     warning."""
     entries, fields = read_entries(path)
-    notes = []
+    filled = []
     for name, e in sorted(entries.items(), key=lambda kv: _sort_key(kv[0])):
         if len(e.counts) < 2:
             continue
@@ -138,23 +138,22 @@ def fill_missing(path, out=None) -> list[str]:
             continue
         covered = np.flatnonzero(e.counts > 0)
         if len(covered) == 0:
-            notes.append(f"{name}: no expert got tokens; left without importance data (quantised unweighted)")
+            log.warning("imatrix: %s: no expert got tokens; left without importance data (quantised unweighted)",
+                        name)
             continue
         mean = (e.sums[covered] / e.counts[covered, None]).mean(axis=0)
         e.sums[miss] = mean
         e.counts[miss] = 1.0
-        notes.append(f"{name}: experts {_ranges(miss.tolist())} got no tokens; filled from the mean of the "
-                     f"{len(covered)} covered expert(s)")
-    filled = [n for n in notes if "filled" in n]
-    for n in notes:
-        log.warning("imatrix: %s", n)
+        filled.append(f"{name}: experts {_ranges(miss.tolist())} got no tokens; filled from the mean of the "
+                      f"{len(covered)} covered expert(s)")
+        log.warning("imatrix: %s", filled[-1])
     if filled:
         _write(entries, fields, Path(out or path), filled)
     elif out is not None and Path(out) != Path(path):
         import shutil
 
         shutil.copyfile(path, out)
-    return notes
+    return filled
 
 
 def _write(entries: dict[str, Entry], fields: dict, dst: Path, filled: list[str]) -> None:

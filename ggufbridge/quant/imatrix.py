@@ -99,7 +99,7 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
     from ggufbridge.quant.coverage import coverage, fill_missing as fill
 
     cov = coverage(tmp_out)
-    filled = [n for n in fill(tmp_out) if "filled" in n] if fill_missing else []
+    filled = fill(tmp_out) if fill_missing else []
     os.replace(tmp_out, out)
     return ImatrixResult(out, model, _chunk_count(out), outtext, cov, filled)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ggufbridge.errors import GGUFBridgeError, RuntimeNotFound
 from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.artifacts import ModelSpec, home_of
 from ggufbridge.runtime.session import prepare
 
 # filler for synthetic prompts: plain prose, tokenised by the server itself, repeated as needed
@@ -133,7 +134,12 @@ def context_for(lengths: list[int], prompts: list[str] | None, n_predict: int) -
     return -(-(longest + n_predict + 16) // 256) * 256
 
 
-def bench(out_dir: str | Path, *, prompt_lengths: list[int] = (1024, 2048, 4096, 8192), draft: bool = False,
+def default_dir(model) -> Path:
+    """Where bench writes by default: MODEL's folder/bench; ./bench for a hub spec."""
+    return (home_of(model) or Path.cwd()) / "bench"
+
+
+def bench(model: "str | Path | ModelSpec", *, prompt_lengths: list[int] = (1024, 2048, 4096, 8192), draft: bool = False,
           draft_n_max: list[int] = (), prompts: list[str] | None = None, recipe: str = "cpu", n_predict: int = 128,
           repeats: int = 1, threads: int | None = None, log_dir: str | Path | None = None,
           llama_bin: str | None = None, timeout: float = 900.0,
@@ -141,17 +147,17 @@ def bench(out_dir: str | Path, *, prompt_lengths: list[int] = (1024, 2048, 4096,
     """Target-only decoding, and with `draft` the DSpark draft at the recipe's n_max and each of `draft_n_max`,
     each mode on its own llama-server: per prompt length (or per prompt of `prompts`), prefill and decode tok/s,
     time to first token, acceptance, and whether the greedy texts match. Returns the result that
-    `write_outputs` writes (bench.json); server logs go to `log_dir` (default OUT_DIR/bench). `on_command(mode,
+    `write_outputs` writes (bench.json); server logs go to `log_dir` (default `default_dir(model)`). `on_command(mode,
     command)` hears each server's command line before it starts."""
     lengths = sorted(prompt_lengths)
     sweep = sorted(set(draft_n_max))
     if sweep and not draft:
         raise GGUFBridgeError("--draft-n-max needs --draft")
     ctx = context_for(lengths, prompts, n_predict)
-    s = prepare(out_dir, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
-    dest = Path(log_dir) if log_dir else Path(out_dir) / "bench"
+    dest = Path(log_dir) if log_dir else default_dir(model)
     dest.mkdir(parents=True, exist_ok=True)
     host = "127.0.0.1"
     commands, samples, counters = {}, [], {}

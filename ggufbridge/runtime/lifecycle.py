@@ -75,9 +75,10 @@ def run_foreground(srv: sv.Server, timeout: float, on_ready: Callable[[], None],
             signal.signal(sig, h)
 
 
-def default_log(out_dir: Path) -> Path:
-    """OUT_DIR/llama-server.log, or a temporary folder when OUT_DIR is read-only (a shared model store)."""
-    if os.access(out_dir, os.W_OK):
+def default_log(out_dir: Path | None) -> Path:
+    """OUT_DIR/llama-server.log, or a temporary folder when OUT_DIR is read-only (a shared model store) or None (a
+    model in the hub cache)."""
+    if out_dir is not None and os.access(out_dir, os.W_OK):
         return out_dir / "llama-server.log"
     return Path(tempfile.mkdtemp(prefix="ggufbridge-serve-")) / "llama-server.log"
 

@@ -115,15 +115,19 @@ class Runtime:
     @property
     def canvas_mrope(self) -> bool:
         """Whether libmtmd knows MiniCPM-V 4.7's canvas M-RoPE (the ggufbridge patch), read from the library."""
-        target = self.lib("libmtmd") or (self.bin_dir / "llama-server" if _is_executable(self.bin_dir / "llama-server")
-                                         else None)
-        return target is not None and has_c_string(target, patches.CANVAS_KEY)
+        return self.has_string(patches.CANVAS_KEY)
+
+    def has_string(self, text: str, lib: str = "libmtmd") -> bool:
+        """Whether the runtime's `lib` (a static build: llama-server) holds `text` as a C string: how a projector
+        name or a metadata key the runtime reads is recognised without running it."""
+        target = self.lib(lib) or (self.bin_dir / "llama-server" if _is_executable(self.bin_dir / "llama-server")
+                                   else None)
+        return target is not None and has_c_string(target, text)
 
     @property
     def knows_minicpmv4_7(self) -> bool:
         """Whether libmtmd loads upstream's `minicpmv4_7` projector type (its name is a C string there)."""
-        target = self.lib("libmtmd")
-        return target is not None and has_c_string(target, names.PROJECTOR_MINICPMV4_7)
+        return self.has_string(names.PROJECTOR_MINICPMV4_7)
 
     def env(self) -> dict[str, str]:
         """Environment for launching a tool: shared libs next to the tools come first on the loader path."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import PlanError
+from ggufbridge.runtime.pairing import draft_value
 from ggufbridge.runtime.recipes import Recipe, kv_block
 
 GIB = 1024**3
@@ -179,17 +180,22 @@ class DraftShape:
 # ------------------------------------------------------------------------------------------ GGUF headers
 
 
-def _gguf_fields(path: Path):
+def _gguf_fields(path: Path, parts: tuple[Path, ...] = ()):
     """Metadata and (name, bytes) of every tensor, from the bounded header reader: it parses the 248k-entry
-    vocabulary arrays in a fraction of the time gguf's GGUFReader takes (which builds a numpy view per element)."""
+    vocabulary arrays in a fraction of the time gguf's GGUFReader takes (which builds a numpy view per element).
+    A split model (`parts`, the first being `path`): the metadata of the first part, the tensors of all."""
     from ggufbridge.errors import GGUFFileError
     from ggufbridge.ggufio.reader import read_header
 
-    try:
-        h = read_header(path)
-    except (GGUFFileError, OSError) as e:
-        raise PlanError(f"{path}: not a readable GGUF ({e})") from None
-    return h.kv, [(t.name, int(t.nbytes)) for t in h.tensors]
+    kv, tensors = None, []
+    for p in parts or (path,):
+        try:
+            h = read_header(p)
+        except (GGUFFileError, OSError) as e:
+            raise PlanError(f"{p}: not a readable GGUF ({e})") from None
+        kv = h.kv if kv is None else kv
+        tensors += [(t.name, int(t.nbytes)) for t in h.tensors]
+    return kv, tensors
 
 
 def _need(fields: dict, key: str, path: Path):
@@ -206,18 +212,19 @@ def _per_layer(value, n: int, key: str) -> tuple[int, ...]:
     return (int(value),) * n
 
 
-def _fields_of(path: Path, arch: str):
+def _fields_of(path: Path, arch: str, parts: tuple[Path, ...] = ()):
     """_gguf_fields of a file that must be of architecture `arch`."""
-    fields, tensors = _gguf_fields(path)
+    fields, tensors = _gguf_fields(path, parts)
     found = fields.get("general.architecture")
     if found != arch:
         raise PlanError(f"{path}: expected general.architecture {arch}, found {found!r}")
     return fields, tensors
 
 
-def target_from_gguf(path: str | Path) -> TargetShape:
+def target_from_gguf(path: str | Path, parts: tuple[Path, ...] = ()) -> TargetShape:
+    """The target's shapes and bytes per layer from its header (a split model: from every part's)."""
     path = Path(path)
-    fields, tensors = _fields_of(path, "qwen35moe")
+    fields, tensors = _fields_of(path, "qwen35moe", parts)
     p = "qwen35moe."
     n_all = int(_need(fields, p + "block_count", path))
     n = n_all - int(fields.get(p + "nextn_predict_layers", 0))
@@ -249,7 +256,7 @@ def draft_from_gguf(path: str | Path) -> DraftShape:
     p = "dflash."
     n_head = int(_need(fields, p + "attention.head_count", path))
     n_embd = int(_need(fields, p + "embedding_length", path))
-    bs = fields.get(p + "block_size")
+    bs = draft_value(fields, "block_size", path)  # ours (dflash.*) or upstream's (dspark.*) key
     return DraftShape(
         n_layer=int(_need(fields, p + "block_count", path)),
         n_head_kv=int(fields.get(p + "attention.head_count_kv", n_head)),
@@ -258,8 +265,8 @@ def draft_from_gguf(path: str | Path) -> DraftShape:
         weight_bytes=sum(b for _, b in tensors), block_size=int(bs) if bs is not None else None)
 
 
-def gguf_tensor_bytes(path: str | Path) -> int:
-    return sum(b for _, b in _gguf_fields(Path(path))[1])
+def gguf_tensor_bytes(path: str | Path, parts: tuple[Path, ...] = ()) -> int:
+    return sum(b for _, b in _gguf_fields(Path(path), parts)[1])
 
 
 # ------------------------------------------------------------------------------------------ the plan

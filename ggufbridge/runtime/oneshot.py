@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.artifacts import ModelSpec
 from ggufbridge.runtime.session import Session, prepare
-from ggufbridge.vision.fidelity import image_fidelity
 
 log = logging.getLogger(__name__)
 
@@ -27,25 +27,26 @@ def _log_warning(text: str) -> None:
     log.warning("%s", text)
 
 
-def run_once(out_dir: str | Path, prompt: str, *, recipe: str = "cpu", draft: bool = False, n_predict: int = 256,
-             temp: float = 0.0, seed: int = 0, ctx: int | None = 4096, images: list[str] = (),
+def run_once(model: "str | Path | ModelSpec", prompt: str, *, recipe: str = "cpu", draft: bool = False,
+             n_predict: int = 256, temp: float = 0.0, seed: int = 0, ctx: int | None = 4096, images: list[str] = (),
              videos: list[str] = (), llama_bin: str | None = None, think: bool | None = None,
              reasoning_budget: int | None = None, timeout: float = 900.0,
              on_command: Callable[[str], None] | None = None,
              on_warning: Callable[[str], None] = _log_warning) -> str:
-    """The answer to `prompt` (with `images`/`videos`, paths) from the model converted into `out_dir`, with its
-    chat template. `on_command(line)` hears the llama.cpp command before it starts; `on_warning(line)` what the
-    user should know (default: the log)."""
-    s = prepare(out_dir, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
+    """The answer to `prompt` (with `images`/`videos`, paths) from `model` (runtime.artifacts: a folder, GGUF
+    files or a hub spec), with its chat template. `on_command(line)` hears the llama.cpp command before it starts;
+    `on_warning(line)` what the user should know (default: the log)."""
+    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
     opts = sv.ServeOptions(draft=draft, think=think, reasoning_budget=reasoning_budget)
     if images or videos:
         if s.art.mmproj is None:
             flag = "--image" if images else "--video"
-            raise ServerError(f"{flag}: {out_dir}/manifest.json lists no mmproj; convert with the vision tower")
-        if loss := image_fidelity(s.art.mmproj.path, s.rt):
-            on_warning(f"warning: {loss}")
+            raise ServerError(f"{flag}: {s.art.missing('mmproj')}; convert with the vision tower, or name one "
+                              f"with --mmproj FILE")
+        if s.image_loss:
+            on_warning(f"warning: images: {s.image_loss}")
         return _ask_server(s, prompt, list(images), list(videos), opts, n_predict=n_predict, temp=temp, seed=seed,
                            timeout=timeout, on_command=on_command)
     return _ask_cli(s, prompt, opts, n_predict=n_predict, temp=temp, seed=seed, on_command=on_command)

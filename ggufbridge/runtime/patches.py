@@ -19,6 +19,34 @@ STOCK_IMAGE_LOSS = ("a stock llama.cpp gives image tokens 1-D positions and lett
                     "models, docs/vision.md); build the patched runtime with scripts/build_runtime.sh")
 
 
+# What an mmproj gives on a runtime (docs/vision.md, "Which llama.cpp runs which file"): the runtime is read for
+# the projector names it knows and for the canvas key; the file for its projector type and our keys.
+UPSTREAM_47_LOSS = ("this runtime runs the minicpmv4_7 projector as upstream llama.cpp does: processor slicing and "
+                    "<image_id>, but 1-D positions instead of canvas M-RoPE and video frames as pictures "
+                    "(docs/vision.md); build the patched runtime with scripts/build_runtime.sh")
+FOREIGN_46_LOSS = ("this mmproj has projector minicpmv4_6 without ggufbridge's clip.minicpmv.* keys (not written "
+                   "by `ggufbridge convert`): images get the stock 1-D layout and llava-uhd slicing even on the "
+                   "patched runtime; convert the checkpoint with ggufbridge, or use upstream's minicpmv4_7 file")
+
+
+def image_fidelity(rt, kv: dict) -> tuple[str | None, str | None]:
+    """(problem, loss) for serving images with the mmproj whose metadata is `kv` on runtime `rt` (locate.Runtime):
+    `problem` when the runtime cannot load the projector at all, `loss` (one line) when it loads it but lays images
+    out other than MiniCPM-V 4.7 does; (None, None) when images are served exactly."""
+    proj = next((kv[k] for k in ("clip.projector_type", "clip.vision.projector_type") if isinstance(kv.get(k), str)),
+                None)
+    if proj is None or not rt.has_string(proj):
+        return (f"this runtime's libmtmd does not know projector {proj!r} (it cannot load this mmproj); "
+                + ("a runtime with upstream's MiniCPM-V 4.7 support, or the patched one with it, can" if
+                   proj == "minicpmv4_7" else "build the patched runtime with scripts/build_runtime.sh"), None)
+    canvas = rt.canvas_mrope
+    if not canvas:
+        return None, (UPSTREAM_47_LOSS if proj == "minicpmv4_7" else STOCK_IMAGE_LOSS)
+    if proj == "minicpmv4_6" and kv.get(CANVAS_KEY) is not True:
+        return None, FOREIGN_46_LOSS
+    return None, None
+
+
 # What a patch's subject may name before its colon ("mtmd-helper, server: ..."), and the files of the pinned tree
 # each name covers. A patch touches the files of the components it names and nothing else, and touches each
 # one it names: one concern, said where a reviewer reads first. A new subsystem gets its row here.

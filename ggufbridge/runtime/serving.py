@@ -17,9 +17,9 @@ from ggufbridge.errors import RuntimeNotFound, ServerError
 from ggufbridge.runtime import lifecycle
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.artifacts import ModelSpec, home_of
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import Session, prepare
-from ggufbridge.vision.fidelity import image_fidelity
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class ServeSetup:
         return self.opts.rpc
 
 
-def setup(out_dir: str | Path, *, recipe: str = "cpu", draft: bool = False, host: str = "127.0.0.1",
+def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool = False, host: str = "127.0.0.1",
           port: int = 8080, ctx: int | None = None, api_key: str | None = None, rpc: str | None = None,
           threads: int | None = None, llama_bin: str | None = None, media_path: str | Path | None = None,
           think: bool | None = None, reasoning_budget: int | None = None, dry_run: bool = False) -> ServeSetup:
@@ -64,7 +64,7 @@ def setup(out_dir: str | Path, *, recipe: str = "cpu", draft: bool = False, host
         endpoints = [f"WORKER{i}:{rec.rpc['default_port']}" for i in range(workers)]
     else:
         endpoints = sv.parse_rpc(rpc, workers)
-    s = prepare(out_dir, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
+    s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers)
     extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
     if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
         from ggufbridge.vision import ffshim
@@ -93,17 +93,20 @@ def dry_run_lines(st: ServeSetup) -> list[str]:
                      f"--port {ep.rsplit(':', 1)[1]}")
     lines.append(f"command: {sv.printable(st.argv)}")
     lines.append(s.plan.format())
+    if s.image_loss:
+        lines.append(f"note: images: {s.image_loss}")
     lines += [f"note: this runtime would refuse to serve: {p}" for p in s.problems]
     return lines
 
 
-def serve(out_dir: str | Path, *, log_path: str | Path | None = None, timeout: float = 900.0,
+def serve(model: "str | Path | ModelSpec", *, log_path: str | Path | None = None, timeout: float = 900.0,
           dry_run: bool = False, say: Callable[[str], None] = _log_info,
           warn: Callable[[str], None] = _log_warning, **options) -> lifecycle.Outcome | None:
-    """Serve `out_dir` until SIGINT/SIGTERM (`options`: those of `setup`). With `dry_run`, say what would run and
-    return None; else the Outcome (which signal stopped it, whether it was ready). Raises ServerError when the
-    server fails to start or exits on its own; no process outlives the call."""
-    st = setup(out_dir, dry_run=dry_run, **options)
+    """Serve `model` (runtime.artifacts: a folder, GGUF files or a hub spec) until SIGINT/SIGTERM (`options`:
+    those of `setup`). With `dry_run`, say what would run and return None; else the Outcome (which signal stopped
+    it, whether it was ready). Raises ServerError when the server fails to start or exits on its own; no process
+    outlives the call."""
+    st = setup(model, dry_run=dry_run, **options)
     s, opts = st.session, st.opts
     wild = wildcard_warning(opts.host, opts.api_key)
     if dry_run:
@@ -114,13 +117,13 @@ def serve(out_dir: str | Path, *, log_path: str | Path | None = None, timeout: f
         return None
     if s.problems:
         raise RuntimeNotFound(s.problems[0] if len(s.problems) == 1 else " | ".join(s.problems))
-    if s.art.mmproj is not None and (loss := image_fidelity(s.art.mmproj.path, s.rt)):
-        warn(f"warning: {loss}")
+    if s.image_loss:
+        warn(f"warning: images: {s.image_loss}")
     if wild:
         warn(wild)
     if not st.local_rpc:
         lifecycle.check_workers(st.endpoints)
-    log_file = Path(log_path) if log_path else lifecycle.default_log(Path(out_dir))
+    log_file = Path(log_path) if log_path else lifecycle.default_log(home_of(model))
     srv = sv.Server(st.argv, opts.host, opts.port, log_file, env=s.rt.env())
     pool: list[rpcw.Worker] = []
 

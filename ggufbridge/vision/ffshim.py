@@ -13,7 +13,8 @@ duration ... INPUT` prints `key=value` lines; `ffmpeg ... -i INPUT ... -f rawvid
 width*height*3 bytes per frame. INPUT is `pipe:0` / `cache:pipe:0` (the request's bytes on stdin) or a path.
 A refused video prints one line on stderr and exits 1; `ffprobe` decodes the sampled frames before it answers,
 so that a bad clip fails there: the helper then fails the request, and with the video-load-reason patch
-llama-server's 400 carries that line. A model whose video processor stacks frames (`stack_frames` > 1) is refused the same way.
+llama-server's 400 carries that line. A model whose video processor stacks frames (`stack_frames` > 1) is refused
+the same way.
 """
 
 from __future__ import annotations

@@ -34,12 +34,14 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS):
     except Image.DecompressionBombError as e:
         raise VisionInputError(f"{p}: image is too large ({e})") from None
     except UnidentifiedImageError:
-        raise VisionInputError(f"{p}: not an image in a supported format (expected one of {', '.join(FORMATS)})") from None
+        raise VisionInputError(f"{p}: not an image in a supported format "
+                               f"(expected one of {', '.join(FORMATS)})") from None
     except (OSError, ValueError) as e:
         raise VisionInputError(f"{p}: cannot read the image ({e})") from None
     try:
         if img.format not in FORMATS:
-            raise VisionInputError(f"{p}: image format {img.format} is not supported (expected one of {', '.join(FORMATS)})")
+            raise VisionInputError(f"{p}: image format {img.format} is not supported "
+                                   f"(expected one of {', '.join(FORMATS)})")
         w, h = img.size
         if w <= 0 or h <= 0:
             raise VisionInputError(f"{p}: image has zero size ({w}×{h})")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufbridge.errors import ServerError
-from ggufbridge.runtime.artifacts import Artifacts
+from ggufbridge.runtime.artifacts import Artifacts, without_split_suffix
 from ggufbridge.runtime.memory import MemoryPlan, Pool
 from ggufbridge.runtime.recipes import Recipe
 
@@ -49,7 +49,8 @@ def parse_rpc(value: str | None, workers: int) -> list[str]:
 
 
 def model_alias(art: Artifacts) -> str:
-    return art.target.path.name.removesuffix(".gguf")
+    """The served model's name: the target file's, without `.gguf` (and a split model's -00001-of-0000N)."""
+    return without_split_suffix(art.target.path.name).removesuffix(".gguf")
 
 
 def _common_args(recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOptions) -> list[str]:
@@ -74,8 +75,8 @@ def _common_args(recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOp
     a += reasoning_args(recipe, opts)
     if opts.draft:
         if art.draft is None:
-            raise ServerError(f"--draft: {art.out_dir}/manifest.json lists no 'draft' file; convert the DSpark "
-                              f"draft into this folder first")
+            raise ServerError(f"--draft: {art.missing('draft')}; convert the DSpark draft into this folder, or "
+                              f"name one with --draft FILE")
         ngld = drf["n_gpu_layers"]
         a += ["-md", str(art.draft.path), "--spec-type", "draft-dspark",
               "--spec-draft-n-max", str(drf["n_max"]), "--spec-draft-n-min", str(drf["n_min"]),
