@@ -102,7 +102,7 @@ def upstream_convention_copy(out_dir: Path, dst: Path) -> Path:
             continue
         if f.name == "clip.minicpmv.max_slice_nums":
             max_slices = int(f.contents())
-        if f.name.startswith("clip.minicpmv."):
+        if f.name.startswith("clip.minicpmv.") or f.name == UPSTREAM_MAX_SLICES:  # ours also writes upstream's key
             continue
         val = UPSTREAM_PROJECTOR if f.name == "clip.projector_type" else f.contents()
         if f.types[0] == GGUFValueType.ARRAY:
