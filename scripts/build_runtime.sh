@@ -5,6 +5,7 @@
 # the repo.
 #
 #   scripts/build_runtime.sh [--cuda] [--cuda-arch 90] [--python PY]
+#   scripts/build_runtime.sh --source-only     (fetch the pristine pinned tree only; print its path)
 #
 # --python PY: also install llama-cpp-python's Python package (no second compile) into PY's environment
 #              and point it at the libraries built here.
@@ -17,12 +18,14 @@ COMMIT=$LLAMA_CPP_COMMIT
 CUDA=0
 CUDA_ARCH=""
 PY=""
+SOURCE_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) CUDA=1 ;;
     --cuda-arch) CUDA_ARCH="$2"; shift ;;
     --python) PY="$2"; shift ;;
-    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    --source-only) SOURCE_ONLY=1 ;;
+    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
     *) echo "build_runtime: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -50,7 +53,7 @@ mkdir -p "$CACHE/src"
 if [ ! -f "$SRC/.extracted" ]; then
   sdist="$CACHE/src/llama_cpp_python-$VERSION.tar.gz"
   if [ ! -f "$sdist" ]; then
-    echo "build_runtime: downloading llama-cpp-python $VERSION sdist"
+    echo "build_runtime: downloading llama-cpp-python $VERSION sdist" >&2
     tmp=$(mktemp -d)
     python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$tmp"
     mv "$tmp"/llama_cpp_python-$VERSION.tar.gz "$sdist"
@@ -59,6 +62,10 @@ if [ ! -f "$SRC/.extracted" ]; then
   rm -rf "$SRC"
   tar -xzf "$sdist" -C "$CACHE/src"
   touch "$SRC/.extracted"
+fi
+if [ "$SOURCE_ONLY" = 1 ]; then
+  echo "$SRC/vendor/llama.cpp"   # scripts/patches.sh starts its git copy of the series from here
+  exit 0
 fi
 
 if [ ! -f "$TREE/.patched" ]; then

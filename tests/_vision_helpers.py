@@ -72,3 +72,57 @@ def refit_head(ck: Path, hidden, targets, boost: float = 30.0) -> None:
     head[rows] += delta.T
     tensors["lm_head.weight"] = head.to(tensors["lm_head.weight"].dtype).contiguous()
     save_file(tensors, shard, metadata={"format": "pt"})
+
+
+# upstream llama.cpp's conventions for a MiniCPM-V 4.7 mmproj (its converter after our pin; docs/vision.md): the
+# projector type names the model, the slice limit sits under clip.vision, none of ggufbridge's clip.minicpmv.* keys
+UPSTREAM_PROJECTOR = "minicpmv4_7"
+UPSTREAM_MAX_SLICES = "clip.vision.max_slice_nums"
+
+
+def upstream_convention_copy(out_dir: Path, dst: Path) -> Path:
+    """A copy of a converted folder whose mmproj is rewritten to upstream's conventions: projector `minicpmv4_7`,
+    `clip.vision.max_slice_nums` (UINT32) instead of our key, every `clip.minicpmv.*` key dropped; the tensors,
+    their bytes and every other key as they were. The manifest names the new file's size and hash."""
+    import json
+    import shutil
+
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    from ggufbridge.files import sha256_file
+
+    shutil.copytree(out_dir, dst)
+    mm = next(dst.glob("mmproj-*.gguf"))
+    r = GGUFReader(str(next(out_dir.glob("mmproj-*.gguf"))), "r")
+    tmp = mm.with_suffix(".tmp")
+    w = GGUFWriter(str(tmp), arch="clip", endianess=r.endianess)
+    max_slices = None
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        if f.name == "clip.minicpmv.max_slice_nums":
+            max_slices = int(f.contents())
+        if f.name.startswith("clip.minicpmv.") or f.name == UPSTREAM_MAX_SLICES:  # ours also writes upstream's key
+            continue
+        val = UPSTREAM_PROJECTOR if f.name == "clip.projector_type" else f.contents()
+        if f.types[0] == GGUFValueType.ARRAY:
+            w.add_key_value(f.name, val, GGUFValueType.ARRAY, f.types[-1])
+        else:
+            w.add_key_value(f.name, val, f.types[0])
+    assert max_slices is not None, "the source mmproj carries clip.minicpmv.max_slice_nums"
+    w.add_uint32(UPSTREAM_MAX_SLICES, max_slices)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
+                     raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(mm)
+    manifest = dst / "manifest.json"
+    data = json.loads(manifest.read_text())
+    for e in data["files"]:
+        if e["role"] == "mmproj":
+            e["bytes"], e["sha256"] = mm.stat().st_size, sha256_file(mm)
+    manifest.write_text(json.dumps(data, indent=2))
+    return dst

@@ -15,15 +15,45 @@ from ggufbridge.runtime import patches
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_patch_has_a_header_and_one_concern():
+def test_every_patch_is_format_patch_output_with_a_why():
     series = patches.series()
     assert [p.name[:4] for p in series] == [f"{i:04d}" for i in range(1, len(series) + 1)]  # applied in order
     for p in series:
-        text = p.path.read_text()
-        head = text.split("\ndiff --git", 1)[0]
-        assert head.startswith("From: ") and p.subject, p.name  # what, in the subject
-        assert len(head.splitlines()) > 8, p.name  # and why, in the body
-        assert "diff --git" in text
+        head, _, rest = p.path.read_text().partition("\n---\n")
+        lines = head.splitlines()
+        assert lines[0].startswith("From 0000000000000000000000000000000000000000 "), p.name  # git am's mbox line
+        assert lines[1].startswith("From: ") and lines[2].startswith("Date: ") and p.subject, p.name
+        body = "\n".join(lines[4:]).strip()
+        assert len(body.split()) >= 30, f"{p.name}: the body says why in a few sentences"
+        assert "\ndiff --git " in rest
+
+
+def test_every_patch_touches_exactly_the_components_its_subject_names():
+    """One concern per patch, checked where it shows: a patch whose subject says "mtmd:" changes libmtmd and
+    nothing else, and "mtmd-helper, server:" changes both and only those."""
+    for p in patches.series():
+        assert p.concern_problems() == [], p.name
+
+
+def test_the_component_check_can_fail(tmp_path):
+    """Ablation: a patch that says mtmd but also edits the server, and one that names a part it does not touch."""
+    diff = "\n".join(["From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001", "From: x",
+                      "Date: d", "Subject: [PATCH] {subject}", "", "why", "---",
+                      "diff --git a/tools/mtmd/mtmd.cpp b/tools/mtmd/mtmd.cpp", "{more}"])
+    for subject, more in (("mtmd: a", "diff --git a/tools/server/server.cpp b/tools/server/server.cpp"),
+                          ("mtmd, server: a", "")):
+        f = tmp_path / "0001-x.patch"
+        f.write_text(diff.format(subject=subject, more=more))
+        assert patches.Patch(f).concern_problems(), subject
+
+
+@pytest.mark.slow
+def test_series_round_trips_through_git(tmp_path):
+    """scripts/patches.sh applies the series as commits (git am) and exports them back byte for byte: the files
+    are what the tool writes, so the series is regenerated, never hand-edited."""
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "patches.sh"), "check"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "round-trips" in res.stderr
 
 
 def test_series_hash_is_build_runtime_sh_cache_key():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from _runtime_models import serve_process
-from _vision_helpers import SPEC_THW, hf_processor, random_image, refit_head
+from _vision_helpers import SPEC_THW, hf_processor, random_image, refit_head, upstream_convention_copy
 from ggufbridge.testkit import served_chat as sc
 from ggufbridge.convert import convert
 
@@ -176,6 +176,29 @@ def test_stock_layout_is_measurably_worse(ckpt, outs, ban, tmp_path):
     # the runtime itself is patched; the file asks for the stock layout, and serve says so in one line
     warnings = [line for line in out.splitlines() if line.startswith("warning: images:")]
     assert len(warnings) == 1 and "without ggufbridge's clip.minicpmv.* keys" in warnings[0], out
+
+
+def test_upstream_convention_pair_is_served_exactly(ckpt, outs, served, ban, tmp_path):
+    """Our mmproj rewritten to upstream llama.cpp's conventions (projector `minicpmv4_7`, `clip.vision.max_slice_nums`,
+    none of our `clip.minicpmv.*` keys; tensors untouched) is served as our own file is: the same tokens and
+    log-probabilities for every layout, 16x and 4x, and KL < 1e-3 against transformers. The runtime decides by the
+    projector type; without the projector-type patch such a file does not load at all."""
+    for d in ("16x", "4x"):
+        up = upstream_convention_copy(outs[d], tmp_path / f"upstream-{d}")
+        srv = Served(up, tmp_path / f"up-{d}.log")
+        try:
+            for name in [n for n in CASES if (CASES[n][1] or "16x") == d]:
+                msgs = _messages(name)
+                ours = sc.chat(served[d].url, msgs, max_tokens=8, top_logprobs=VOCAB, logit_bias=ban)
+                theirs = sc.chat(srv.url, msgs, max_tokens=8, top_logprobs=VOCAB, logit_bias=ban)
+                assert theirs.ids == ours.ids, name
+                assert theirs.usage["prompt_tokens"] == ours.usage["prompt_tokens"], name
+                assert max(abs(theirs.top[i][t] - lp) for i, row in enumerate(ours.top) for t, lp in row.items()) < 1e-4
+                _, _, kl = _score(ckpt, msgs, theirs, CASES[name][1])
+                assert kl.mean() < 1e-3, (name, kl)
+        finally:
+            out = srv.close()
+        assert "warning:" not in out  # an exact pair: serve has nothing to warn about
 
 
 # --- greedy identity with a decisive head, with and without the DSpark draft --------------------------------------

@@ -32,7 +32,8 @@ def command(llama_bin: str | None, python: str | None) -> None:
     if carried:
         click.echo(f"patches   ggufbridge series {rt.info.get('patch_hash', '?')}: {', '.join(carried)}")
     if rt.canvas_mrope:
-        click.echo("vision    canvas M-RoPE and MiniCPM-V slicing: yes (patched libmtmd)")
+        click.echo("vision    canvas M-RoPE and MiniCPM-V slicing: yes (patched libmtmd); upstream's minicpmv4_7 "
+                   "files: " + ("exact, as ours" if rt.knows_minicpmv4_7 else "not loaded (an older series)"))
     else:
         click.echo(f"warning: vision: {patches.STOCK_IMAGE_LOSS}", err=True)
     known = [p for p in PROJECTORS if rt.has_string(p)]

@@ -60,6 +60,14 @@ RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
 # MiniCPM-V 4.6/4.7 mmproj: the window-attention merger's tensors (runtime projector minicpmv4_6, docs/formats.md)
 VIT_MERGER_TENSORS = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ds_ln", "ds_ffn_up", "ds_ffn_down")
 VIT_MERGER = "v.vit_merger."
+# the projector types of the MiniCPM-V 4.6/4.7 vision tower: the pinned runtime's name (ggufbridge writes it), and
+# upstream llama.cpp's name for 4.7 (its converter after our pin writes it; loaded by our patch series, docs/vision.md)
+PROJECTOR_MINICPMV4_6 = "minicpmv4_6"
+PROJECTOR_MINICPMV4_7 = "minicpmv4_7"
+CLIP_PROJECTOR_TYPE = "clip.projector_type"
+CLIP_VISION_PROJECTOR_TYPE = "clip.vision.projector_type"  # the loader's fallback for mixed-modality files
+# upstream's minicpmv4_7 files carry the processor's slice limit here (UINT32)
+UPSTREAM_MAX_SLICE_NUMS = "clip.vision.max_slice_nums"
 # ... and the keys ggufbridge's patched libmtmd reads (a stock runtime ignores them)
 MINICPMV_PROCESSOR_SLICING = "clip.minicpmv.processor_slicing"
 MINICPMV_MAX_SLICE_NUMS = "clip.minicpmv.max_slice_nums"

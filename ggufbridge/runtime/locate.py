@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.files import cache_dir
+from ggufbridge.ggufio import names
 from ggufbridge.runtime import patches
 
 
@@ -136,6 +137,11 @@ class Runtime:
         """Whether llama-server serves its chat page at / (the page embedded at build time), read from the binary."""
         server = self.lib(SERVER_LIB) or self.bin_dir / "llama-server"
         return server.is_file() and has_c_string(server, PAGE_MARKER)
+
+    @property
+    def knows_minicpmv4_7(self) -> bool:
+        """Whether libmtmd loads upstream's `minicpmv4_7` projector type (its name is a C string there)."""
+        return self.has_string(names.PROJECTOR_MINICPMV4_7)
 
     def env(self) -> dict[str, str]:
         """Environment for launching a tool: shared libs next to the tools come first on the loader path."""

@@ -47,6 +47,19 @@ def image_fidelity(rt, kv: dict) -> tuple[str | None, str | None]:
     return None, None
 
 
+# What a patch's subject may name before its colon ("mtmd-helper, server: ..."), and the files of the pinned tree
+# each name covers. A patch touches the files of the components it names and nothing else, and touches each
+# one it names: one concern, said where a reviewer reads first. A new subsystem gets its row here.
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "kv-cache": ("src/llama-kv-cache.",),
+    "llama-ext": ("src/llama-ext.h", "src/llama-model.cpp"),
+    "mtmd": ("tools/mtmd/clip", "tools/mtmd/mtmd.", "tools/mtmd/mtmd-image.", "tools/mtmd/models/"),
+    "mtmd-helper": ("tools/mtmd/mtmd-helper.",),
+    "server": ("tools/server/",),
+    "ggml-cuda": ("ggml/src/ggml-cuda/",),
+}
+
+
 @dataclass(frozen=True)
 class Patch:
     path: Path
@@ -64,6 +77,33 @@ class Patch:
             if line.startswith("diff --git"):
                 break
         return ""
+
+
+    @property
+    def components(self) -> list[str]:
+        """The subsystems the subject names before its colon."""
+        head, sep, _ = self.subject.partition(":")
+        return [c.strip() for c in head.split(",")] if sep else []
+
+    @property
+    def files(self) -> list[str]:
+        """The files of the pinned tree the diff touches."""
+        return [line.split()[2].removeprefix("a/") for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.startswith("diff --git ")]
+
+
+    def concern_problems(self) -> list[str]:
+        """What breaks the one-concern rule: no component named, an unknown one, a file outside the named ones,
+        a named one left untouched (empty when the patch keeps to what its subject says)."""
+        if not self.components:
+            return ["the subject names no subsystem ('mtmd: ...')"]
+        unknown = [c for c in self.components if c not in COMPONENTS]
+        if unknown:
+            return [f"{unknown} not in patches.COMPONENTS"]
+        covered = {c: [f for f in self.files if f.startswith(COMPONENTS[c])] for c in self.components}
+        problems = [f"touches {f}, outside {self.components}" for f in self.files
+                    if not any(f in fs for fs in covered.values())]
+        return problems + [f"names {c} but leaves it alone" for c, fs in covered.items() if not fs]
 
 
 def series(patch_dir: Path = PATCH_DIR) -> list[Patch]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufbridge.errors import GGUFFileError, VisionModelError
+from ggufbridge.ggufio import names
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,9 @@ def read_mmproj(path: str | os.PathLike) -> MmprojInfo:
         h = read_header(p)
     except (GGUFFileError, OSError) as e:
         raise VisionModelError(f"{p}: not a readable GGUF file ({e})") from None
-    ptype = h.kv.get("clip.projector_type") or h.kv.get("clip.vision.projector_type")
-    if ptype != "minicpmv4_6":
-        raise VisionModelError(f"{p}: clip.projector_type must be 'minicpmv4_6', found {ptype!r}")
+    ptype = h.kv.get(names.CLIP_PROJECTOR_TYPE) or h.kv.get(names.CLIP_VISION_PROJECTOR_TYPE)
+    if ptype not in (names.PROJECTOR_MINICPMV4_6, names.PROJECTOR_MINICPMV4_7):
+        raise VisionModelError(f"{p}: clip.projector_type must be 'minicpmv4_6' or 'minicpmv4_7', found {ptype!r}")
     down = next((t for t in h.tensors if t.name == "mm.down.weight"), None)
     if down is None:
         raise VisionModelError(f"{p}: tensor mm.down.weight is missing")

@@ -5,15 +5,16 @@ llama-server accepts `video_url` / `input_video` content parts and hands the byt
 `ffprobe` for the frame size and rate, then reads raw RGB frames from `ffmpeg` one at a time (the model-agnostic
 upstream design: frames at a fixed rate). Pointing `--video-ffmpeg-dir` at the two programs written here keeps
 that server path -- OpenAI API, prompt cache, batched prefill, the draft -- and makes the frames the ones
-transformers' MiniCPM-V video processor samples (`video.sample_indices`); patch 0005 lays them out as the
+transformers' MiniCPM-V video processor samples (`video.sample_indices`); the video-frames patch lays them out as the
 processor does. The `-vf fps=...` filter the helper asks for is ignored: the sampling is the model's.
 
 Protocol (what mtmd-helper.cpp sends): `ffprobe ... -show_entries stream=width,height,r_frame_rate,nb_frames,
 duration ... INPUT` prints `key=value` lines; `ffmpeg ... -i INPUT ... -f rawvideo -pix_fmt rgb24 pipe:1` writes
 width*height*3 bytes per frame. INPUT is `pipe:0` / `cache:pipe:0` (the request's bytes on stdin) or a path.
 A refused video prints one line on stderr and exits 1; `ffprobe` decodes the sampled frames before it answers,
-so that a bad clip fails there: the helper then fails the request, and with patch 0006 llama-server's 400 carries
-that line. A model whose video processor stacks frames (`stack_frames` > 1) is refused the same way.
+so that a bad clip fails there: the helper then fails the request, and with the video-load-reason patch
+llama-server's 400 carries that line. A model whose video processor stacks frames (`stack_frames` > 1) is refused
+the same way.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def main(name: str, args: list[str], max_num_frames: int = 128, stack_frames: in
             src.seek(0)
         if name == "ffprobe":
             # decode the sampled frames once here: a truncated or corrupt clip fails the probe, whose stderr line
-            # llama-server (patch 0006) puts in its answer; a failure while frames stream would end the clip early
+            # llama-server (the video-load-reason patch) puts in its answer; a failure while frames stream would end
+            # the clip early
             video.check_decodes(src, info, indices, label)
             sys.stdout.write(f"width={info.width}\nheight={info.height}\nr_frame_rate={info.fps!r}\n"
                              f"nb_frames={info.total_frames}\nduration={info.duration!r}\n")

@@ -6,7 +6,7 @@ metadata from the container (`frames` of the first video stream, `average_rate`,
 main frames `int(i * fps)` for each started second, or for clips longer than `max_num_frames` seconds a 0.1 s
 grid thinned by `np.linspace` to `max_num_frames`; frames are taken in decode order, each index once, converted
 to RGB by FFmpeg's swscale (`to_ndarray(format="rgb24")`). Resizing, slicing and the canvas positions of the
-frames happen in the patched runtime (patches 0003-0005), as for pictures.
+frames happen in the patched runtime (its slicing, canvas and video-frames patches), as for pictures.
 
 Where a container records no frame count (transformers' backend then has no duration and fails), the packets of
 the stream are counted instead (demuxing only, nothing decoded).
