@@ -171,8 +171,8 @@ def test_reader_programs_speak_the_helpers_protocol(tmp_path):
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_reader_probe_refuses_bad_videos_in_one_line(tmp_path, case):
-    """What llama-server's 400 carries (patch 0006): `ffprobe` on the request's bytes exits 1 with one line saying
-    what is wrong, before any frame is streamed -- a clip truncated after its index included (its header probes
+    """What llama-server's 400 carries (patch mtmd-helper-video-load-reason): `ffprobe` on the request's bytes
+    exits 1 with one line saying what is wrong, before any frame is streamed -- a clip truncated after its index included (its header probes
     fine; the probe decodes the sampled frames)."""
     import subprocess
 
@@ -443,7 +443,8 @@ def test_served_video_matches_transformers(model, served_video, ban, tmp_path, d
 @pytest.mark.parametrize("case", ["empty", *BAD])
 def test_served_bad_video_says_why(served_video, tmp_path, case):
     """A bad `video_url` part sent with the OpenAI client to `ggufbridge serve`: 400, and the message says what is
-    wrong with the video (the reader's line, carried by patch 0006), not only that something failed to load."""
+    wrong with the video (the reader's line, carried by patch mtmd-helper-video-load-reason), not only that
+    something failed to load."""
     import openai
 
     raw = b"" if case == "empty" else _bad_video(tmp_path, case).read_bytes()

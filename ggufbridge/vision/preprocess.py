@@ -13,7 +13,8 @@ from pathlib import Path
 from ggufbridge.errors import VisionInputError
 
 # Decoded RGB pixels we accept by default (64 MP ≈ 192 MiB of RGB) and the longest side: checked from the header,
-# before decoding. The server path has the same bound (patch 0010, MTMD_HELPER_MAX_IMAGE_PIXELS / _SIDE).
+# before decoding. The server path has the same bound (patch mtmd-helper-image-size-before-decode,
+# MTMD_HELPER_MAX_IMAGE_PIXELS / _SIDE).
 MAX_PIXELS = 64 * 1024 * 1024
 MAX_SIDE = 16384
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
