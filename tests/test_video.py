@@ -172,8 +172,8 @@ def test_reader_programs_speak_the_helpers_protocol(tmp_path):
 @pytest.mark.parametrize("case", list(BAD))
 def test_reader_probe_refuses_bad_videos_in_one_line(tmp_path, case):
     """What llama-server's 400 carries (patch mtmd-helper-video-load-reason): `ffprobe` on the request's bytes
-    exits 1 with one line saying what is wrong, before any frame is streamed -- a clip truncated after its index included (its header probes
-    fine; the probe decodes the sampled frames)."""
+    exits 1 with one line saying what is wrong, before any frame is streamed -- a clip truncated after its index
+    included (its header probes fine; the probe decodes the sampled frames)."""
     import subprocess
 
     from ggufbridge.vision import ffshim
