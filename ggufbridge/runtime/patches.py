@@ -57,6 +57,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "mtmd-helper": ("tools/mtmd/mtmd-helper.",),
     "server": ("tools/server/",),
     "ggml-cuda": ("ggml/src/ggml-cuda/",),
+    "tests": ("tests/",),  # upstream's own tests (test-backend-ops cases for a kernel change)
 }
 
 
