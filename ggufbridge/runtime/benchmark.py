@@ -288,21 +288,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, path: Path) -> None:
+def two_panel_plot(result: dict, path: Path, xlabel: str, titles: tuple[str, str], lines: list[tuple]) -> None:
+    """Two side-by-side panels over a log2 x axis (bench's depths, bench --concurrency's streams), each line
+    `(label, style, xs, left ys, right ys)`, titled with the model, recipe and runtime commit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    xs = [r["prompt_tokens"] for r in result["rows"]]
-    for mode, style in (("target", "o-"), ("draft", "s--")):
-        if all(mode in r for r in result["rows"]):
-            a1.plot(xs, [r[mode]["decode_tok_s"] for r in result["rows"]], style, label=mode)
-            a2.plot(xs, [r[mode]["prefill_tok_s"] for r in result["rows"]], style, label=mode)
-    for ax, title in ((a1, "decode tok/s"), (a2, "prefill tok/s")):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for label, style, xs, left, right in lines:
+        axes[0].plot(xs, left, style, label=label)
+        axes[1].plot(xs, right, style, label=label)
+    for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("context depth (prompt tokens)")
+        ax.set_xlabel(xlabel)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend()
@@ -310,6 +310,14 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot(result: dict, path: Path) -> None:
+    rows = result["rows"]
+    xs = [r["prompt_tokens"] for r in rows]
+    lines = [(mode, style, xs, [r[mode]["decode_tok_s"] for r in rows], [r[mode]["prefill_tok_s"] for r in rows])
+             for mode, style in (("target", "o-"), ("draft", "s--")) if all(mode in r for r in rows)]
+    two_panel_plot(result, path, "context depth (prompt tokens)", ("decode tok/s", "prefill tok/s"), lines)
 
 
 def write_outputs(result: dict, out_dir: Path) -> dict[str, Path]:

@@ -200,29 +200,16 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from ggufbridge.runtime.benchmark import two_panel_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    lines = []
     for mode, style in (("target", "o-"), ("draft", "s--")):
         rows = [r for r in result["rows"] if r["mode"] == mode]
-        if not rows:
-            continue
-        xs = [r["streams"] for r in rows]
-        a1.plot(xs, [r["aggregate_decode_tok_s"] for r in rows], style, label=mode)
-        a2.plot(xs, [r["mean_stream_decode_tok_s"] for r in rows], style, label=mode)
-    for ax, title in ((a1, "aggregate decode tok/s"), (a2, "per-stream decode tok/s (mean)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent streams")
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"{result['model']} ({result['recipe']}, commit {result['runtime']['commit']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        if rows:
+            lines.append((mode, style, [r["streams"] for r in rows], [r["aggregate_decode_tok_s"] for r in rows],
+                          [r["mean_stream_decode_tok_s"] for r in rows]))
+    two_panel_plot(result, path, "concurrent streams", ("aggregate decode tok/s", "per-stream decode tok/s (mean)"),
+                   lines)
 
 
 def write_outputs(result: dict, out_dir: Path) -> dict[str, Path]:
