@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from ggufbridge.cli import cli
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import server as sv
 
+from _lines import Lines, stderr_of
 from _runtime_models import converted
 from test_runtime_locate import fake_bin
 
@@ -66,26 +66,18 @@ class Serving:
                                       "--port", str(self.port), "--ctx", "2048", "--threads", "2", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      start_new_session=True)
-        self.stdout: list[str] = []
+        self.lines = Lines(self.proc.stdout)
+        self.stdout: list[str] = self.lines.seen
         self.server_pid = None
 
     def wait_ready(self, timeout: float = 120) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
-            if r:
-                line = self.proc.stdout.readline()
-                if not line:
-                    break
-                self.stdout.append(line)
-                if line.startswith("ready: "):
-                    kids = _children(self.proc.pid)
-                    assert len(kids) == 1, kids
-                    self.server_pid = kids[0]
-                    return line.split()[1].removesuffix("/v1")
-            if self.proc.poll() is not None:
-                break
-        raise AssertionError(f"serve did not become ready: {''.join(self.stdout)}{self.proc.stderr.read()}")
+        line = self.lines.wait_for("ready: ", timeout)
+        if line is None:
+            raise AssertionError(f"serve did not become ready: {''.join(self.stdout)}{stderr_of(self.proc)}")
+        kids = _children(self.proc.pid)
+        assert len(kids) == 1, kids
+        self.server_pid = kids[0]
+        return line.split()[1].removesuffix("/v1")
 
     def cleanup(self):
         for pid in (self.proc.pid, self.server_pid):

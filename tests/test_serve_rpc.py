@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 
 from ggufbridge.runtime import server as sv
 
+from _lines import Lines, stderr_of
 from _runtime_models import converted
 
 pytestmark = pytest.mark.slow
@@ -77,19 +77,14 @@ class Serve:
              str(sv.free_port()), "--threads", "2", "--log", str(log), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
             start_new_session=True)
-        self.out: list[str] = []
+        self.lines = Lines(self.proc.stdout)
+        self.out: list[str] = self.lines.seen
 
     def ready(self, timeout: float = 180) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if select.select([self.proc.stdout], [], [], 0.5)[0]:
-                line = self.proc.stdout.readline()
-                self.out.append(line)
-                if line.startswith("ready: "):
-                    return line.split()[1].removesuffix("/v1")
-            if self.proc.poll() is not None:
-                break
-        raise AssertionError("".join(self.out) + self.proc.stderr.read())
+        line = self.lines.wait_for("ready: ", timeout)
+        if line is None:
+            raise AssertionError("".join(self.out) + stderr_of(self.proc))
+        return line.split()[1].removesuffix("/v1")
 
     def kill_all(self):
         for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
