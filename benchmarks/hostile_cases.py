@@ -12,11 +12,11 @@ import struct
 import subprocess
 import sys
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ggufbridge.testkit.vision import png_of_size as png
 REPO = Path(__file__).resolve().parents[1]
 DEEP = "[" * 50_000 + "]" * 50_000
 MAX_RSS = 1536 << 20
@@ -139,18 +139,6 @@ def gguf_with_dims(path: Path, dims: tuple[int, ...]) -> Path:
     return path
 
 
-def png(width: int, height: int, truncate: bool = False) -> bytes:
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
-
-    z = zlib.compressobj(6)
-    row = b"\0" * (width + 1)
-    data = b"".join(z.compress(row) for _ in range(height)) + z.flush()
-    if truncate:
-        data = data[: len(data) // 2]
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data)
-    return out if truncate else out + chunk(b"IEND", b"")
 
 
 def recipe(text: str, path: Path) -> Path:

@@ -15,13 +15,13 @@ import subprocess
 import sys
 import time
 import tracemalloc
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from ggufbridge.testkit.vision import png_of_size as _png
 from ggufbridge import errors
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
@@ -487,19 +487,6 @@ def test_pieces_cover_the_tensor_in_order():
 # --- 3. the server path: image limits before decoding -----------------------------------------------------------
 
 
-def _png(width: int, height: int, *, truncate: bool = False) -> bytes:
-    """A valid grayscale PNG of any size, compressed row by row (a 20000x20000 one is ~400 KB)."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
-
-    z = zlib.compressobj(6)
-    row = b"\0" * (width + 1)
-    data = b"".join(z.compress(row) for _ in range(height)) + z.flush()
-    if truncate:
-        data = data[: len(data) // 2]
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data)
-    return png if truncate else png + chunk(b"IEND", b"")
 
 
 @pytest.mark.slow

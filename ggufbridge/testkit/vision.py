@@ -47,3 +47,22 @@ def hf_processor(ckpt: Path, downsample: str | None = None, video_processor=None
     else:
         proc.image_token, proc.image_token_id = "<no-image>", -1
     return proc
+
+
+def png_of_size(width: int, height: int, *, truncate: bool = False) -> bytes:
+    """A valid grayscale PNG of any size, compressed row by row (a 20000x20000 one is ~400 KB: the image bomb of
+    the hostile-input cases); `truncate`: cut in the middle of its data, without an end chunk."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    z = zlib.compressobj(6)
+    row = b"\0" * (width + 1)
+    data = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    if truncate:
+        data = data[: len(data) // 2]
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data)
+    return png if truncate else png + chunk(b"IEND", b"")
