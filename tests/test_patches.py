@@ -93,4 +93,4 @@ def test_cuda_flash_attention_patch_stays_in_the_cuda_backend():
     (p,) = [p for p in patches.series() if "fattn-gqa" in p.name]
     files = [line.split(" b/", 1)[1] for line in p.path.read_text().splitlines() if line.startswith("diff --git ")]
     assert files and all(f.startswith("ggml/src/ggml-cuda/") or f == "tests/test-backend-ops.cpp" for f in files), files
-    assert "ggml/src/ggml-cuda/fattn-vec.cuh" in files
+    assert "ggml/src/ggml-cuda/fattn-mma-q.cuh" in files

@@ -1,0 +1,216 @@
+// Standalone check and timing of flash_attn_ext_mma_q (ggml-cuda/fattn-mma-q.cuh of the GQA patch, issue 24): random
+// quantized K/V, GQA 8, 2 K/V heads, the grid launch_fattn would use (parallel blocks over the K/V length, then the
+// combine step), against an f32 reference on the dequantized cache; kernel times beside a device copy of the same
+// K/V bytes (the read floor). Built and run by run.sh next to this file.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cmath>
+#include <vector>
+#include <random>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include "fattn-mma-q.cuh" // with shim/common.cuh beside it
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+
+static uint3 fastdiv(uint32_t d) { return make_uint3(0, 0, d); }
+
+// the combine step of launch_fattn (flash_attn_combine_results), one block per output row
+template <int D>
+__global__ void combine(const float * parts, const float2 * meta, float * dst, int pb) {
+    const int row = blockIdx.x;
+    parts += size_t(row)*pb*D; meta += size_t(row)*pb; dst += size_t(row)*D;
+    float mx = meta[0].x;
+    for (int l = 1; l < pb; ++l) mx = fmaxf(mx, meta[l].x);
+    float num = 0, den = 0;
+    for (int l = 0; l < pb; ++l) { const float f = expf(meta[l].x - mx); num += f*parts[l*D + threadIdx.x]; den += f*meta[l].y; }
+    dst[threadIdx.x] = num/den;
+}
+
+// reference: one block per (token, head), f32 on the dequantized values
+template <ggml_type type>
+__device__ float deq(const char * row, int i) {
+    const char * b = row + (i/32)*fattn_mma_q_type<type>::block_bytes;
+    const float d = __half2float(*(const half *) b);
+    if (type == GGML_TYPE_Q8_0) return d*float(((const int8_t *) (b + 2))[i % 32]);
+    const uint8_t q = ((const uint8_t *) (b + 2))[i % 16];
+    return d*(float(i % 32 < 16 ? (q & 0xF) : (q >> 4)) - 8.0f);
+}
+
+template <int D, ggml_type type>
+__global__ void reference(const float * Q, const char * K, const char * V, const half * mask, float * out, float * S,
+                          int n_kv, int n_head, int gqa, int rb, int nb11, float scale, const float * sinks) {
+    const int t = blockIdx.y, h = blockIdx.x, kvh = h/gqa;
+    const float * q = Q + (size_t(t)*n_head + h)*D;
+    float * s = S + (size_t(t)*n_head + h)*n_kv;
+    __shared__ float red[256];
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < n_kv; j += blockDim.x) {
+        const char * kr = K + size_t(j)*nb11 + size_t(kvh)*rb;
+        float acc = 0;
+        for (int i = 0; i < D; ++i) acc += q[i]*deq<type>(kr, i);
+        acc = acc*scale + __half2float(mask[size_t(t)*n_kv + j]);
+        s[j] = acc; mx = fmaxf(mx, acc);
+    }
+    red[threadIdx.x] = mx; __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) { if (threadIdx.x < o) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]); __syncthreads(); }
+    mx = red[0]; if (sinks) mx = fmaxf(mx, sinks[h]); __syncthreads();
+    float sum = 0;
+    for (int j = threadIdx.x; j < n_kv; j += blockDim.x) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    red[threadIdx.x] = sum; __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) { if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o]; __syncthreads(); }
+    sum = red[0]; if (sinks) sum += expf(sinks[h] - mx);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float acc = 0;
+        for (int j = 0; j < n_kv; ++j) if (s[j] != 0.0f) acc += s[j]*deq<type>(V + size_t(j)*nb11 + size_t(kvh)*rb, i);
+        out[(size_t(t)*n_head + h)*D + i] = acc/sum;
+    }
+}
+
+static void quantize(ggml_type type, const float * x, char * y, int n) {
+    for (int b = 0; b < n/32; ++b) {
+        const float * xb = x + b*32;
+        float amax = 0, maxv = 0;
+        for (int i = 0; i < 32; ++i) if (fabsf(xb[i]) > amax) { amax = fabsf(xb[i]); maxv = xb[i]; }
+        if (type == GGML_TYPE_Q8_0) {
+            const float d = amax/127.0f, id = d ? 1.0f/d : 0.0f;
+            char * yb = y + b*34; half hd = __float2half(d); memcpy(yb, &hd, 2);
+            for (int i = 0; i < 32; ++i) yb[2 + i] = (int8_t) roundf(xb[i]*id);
+        } else {
+            const float d = maxv/-8.0f, id = d ? 1.0f/d : 0.0f;
+            char * yb = y + b*18; half hd = __float2half(d); memcpy(yb, &hd, 2);
+            for (int i = 0; i < 16; ++i) {
+                const int a = std::min(15, int(xb[i]*id + 8.5f)), c = std::min(15, int(xb[i + 16]*id + 8.5f));
+                yb[2 + i] = (char) (a | (c << 4));
+            }
+        }
+    }
+}
+
+template <int D, int ncols1, int nw, int nb, ggml_type type>
+static int run(int n_kv, int n_tokens, bool check, bool use_sinks) {
+    using L = fattn_mma_q_layout<D, ncols1, nw, nb, type, type>;
+    const int n_head_kv = 2, gqa = 8, n_head = n_head_kv*gqa;
+    const int rb = L::rb_K, nb11 = n_head_kv*rb;
+    const size_t kv_bytes = size_t(n_kv)*nb11;
+    std::mt19937 rng(1234 + n_kv + n_tokens);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> hq(size_t(n_tokens)*n_head*D), tmp(D);
+    for (auto & v : hq) v = nd(rng);
+    std::vector<char> hk(kv_bytes), hv(kv_bytes);
+    // K/V generated in pieces to keep this quick at 256k rows: 4096 distinct rows, tiled
+    const int uniq = std::min(n_kv, 4096);
+    for (int j = 0; j < uniq; ++j) for (int h = 0; h < n_head_kv; ++h) {
+        for (auto & v : tmp) v = nd(rng); quantize(type, tmp.data(), hk.data() + size_t(j)*nb11 + h*rb, D);
+        for (auto & v : tmp) v = nd(rng); quantize(type, tmp.data(), hv.data() + size_t(j)*nb11 + h*rb, D);
+    }
+    for (int j = uniq; j < n_kv; ++j) { memcpy(hk.data() + size_t(j)*nb11, hk.data() + size_t(j % uniq)*nb11, nb11);
+                                        memcpy(hv.data() + size_t(j)*nb11, hv.data() + size_t((j*7 + 3) % uniq)*nb11, nb11); }
+    // mask: token t sees rows [0, n_kv - 200 + t]; a few early rows also masked (holes)
+    const int n_tok_pad = (n_tokens + 15)/16*16;
+    std::vector<half> hm(size_t(n_tok_pad)*n_kv);
+    for (int t = 0; t < n_tok_pad; ++t) for (int j = 0; j < n_kv; ++j)
+        hm[size_t(t)*n_kv + j] = __float2half((j > n_kv - 200 + t || j % 97 == 5) ? -INFINITY : 0.0f);
+    std::vector<float> hs(n_head);
+    for (auto & v : hs) v = nd(rng);
+
+    float *dq, *dout, *dref, *dS, *dtmp, *dsinks; float2 *dmeta; char *dk, *dv, *dcopy; half *dm;
+    CK(cudaMalloc(&dq, hq.size()*4)); CK(cudaMalloc(&dk, kv_bytes)); CK(cudaMalloc(&dv, kv_bytes));
+    CK(cudaMalloc(&dm, hm.size()*2)); CK(cudaMalloc(&dout, size_t(n_tokens)*n_head*D*4)); CK(cudaMalloc(&dsinks, n_head*4));
+    CK(cudaMemcpy(dq, hq.data(), hq.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, hk.data(), kv_bytes, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dv, hv.data(), kv_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dm, hm.data(), hm.size()*2, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dsinks, hs.data(), n_head*4, cudaMemcpyHostToDevice));
+
+    auto kernel = flash_attn_ext_mma_q<D, ncols1, nw, nb, type, type>;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::nbytes_shared));
+    int dev, nsm, occ; CK(cudaGetDevice(&dev)); CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 32*nw, L::nbytes_shared));
+    // launch_fattn's choice of parallel blocks
+    const int ntiles_x = (n_tokens + ncols1 - 1)/ncols1, ntiles_dst = ntiles_x*(gqa/8)*n_head_kv;
+    const int ntiles_KV = n_kv/nb, per_wave = nsm*occ;
+    int pb = std::min(occ, ntiles_KV), best_eff = 0, best_waves = 0;
+    for (int p = pb; p <= ntiles_KV; ++p) {
+        const int tot = ntiles_dst*p, w = (tot + per_wave - 1)/per_wave, eff = 100*tot/(w*per_wave);
+        if (best_eff >= 95 && w > best_waves) break;
+        if (eff > best_eff) { best_eff = eff; best_waves = w; pb = p; }
+    }
+    CK(cudaMalloc(&dtmp, size_t(pb)*n_tokens*n_head*D*4)); CK(cudaMalloc(&dmeta, size_t(pb)*n_tokens*n_head*8));
+    const dim3 grid(ntiles_x, pb, (n_head/8)*1), block(32, nw);
+    auto launch = [&]() {
+        kernel<<<grid, block, L::nbytes_shared>>>((const char *) dq, dk, dv, (const char *) dm, use_sinks ? (const char *) dsinks : nullptr,
+            nullptr, pb > 1 ? dtmp : dout, dmeta, 1.0f/sqrtf(float(D)), 0.0f, 1.0f, 1.0f, 0, 0.0f,
+            D, fastdiv(n_tokens), n_head, 1, n_head*D*4, D*4, n_tokens*n_head*D*4,
+            D, n_kv, n_head_kv, 1, nb11, rb, int64_t(kv_bytes),
+            nb11, rb, int64_t(kv_bytes), n_tok_pad, 1, 1, n_kv*2, n_tok_pad*n_kv*2, int64_t(n_tok_pad)*n_kv*2);
+        if (pb > 1) combine<D><<<n_tokens*n_head, D>>>(dtmp, dmeta, dout, pb);
+    };
+    launch(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+
+    double max_err = 0, max_ref = 0;
+    if (check) {
+        CK(cudaMalloc(&dref, size_t(n_tokens)*n_head*D*4)); CK(cudaMalloc(&dS, size_t(n_tokens)*n_head*n_kv*4));
+        reference<D, type><<<dim3(n_head, n_tokens), 256>>>(dq, dk, dv, dm, dref, dS, n_kv, n_head, gqa, rb, nb11,
+            1.0f/sqrtf(float(D)), use_sinks ? dsinks : nullptr);
+        CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+        std::vector<float> o(size_t(n_tokens)*n_head*D), r(o.size());
+        CK(cudaMemcpy(o.data(), dout, o.size()*4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(r.data(), dref, r.size()*4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < o.size(); ++i) { max_err = std::max(max_err, (double) fabsf(o[i] - r[i])); max_ref = std::max(max_ref, (double) fabsf(r[i]));
+            if (!std::isfinite(o[i])) { max_err = INFINITY; } }
+        CK(cudaFree(dref)); CK(cudaFree(dS));
+    }
+    // timing: the kernel + combine, and a device copy of the K/V bytes (read floor)
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    const int reps = n_kv >= 131072 ? 50 : 200;
+    for (int i = 0; i < 5; ++i) launch();
+    CK(cudaEventRecord(e0)); for (int i = 0; i < reps; ++i) launch(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+    float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); const double us = 1000.0*ms/reps;
+    CK(cudaMalloc(&dcopy, 2*kv_bytes));
+    for (int i = 0; i < 3; ++i) { CK(cudaMemcpyAsync(dcopy, dk, kv_bytes, cudaMemcpyDeviceToDevice)); CK(cudaMemcpyAsync(dcopy + kv_bytes, dv, kv_bytes, cudaMemcpyDeviceToDevice)); }
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < 20; ++i) { CK(cudaMemcpyAsync(dcopy, dk, kv_bytes, cudaMemcpyDeviceToDevice)); CK(cudaMemcpyAsync(dcopy + kv_bytes, dv, kv_bytes, cudaMemcpyDeviceToDevice)); }
+    CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double us_copy = 1000.0*ms/20; // reads and writes 2*kv_bytes
+    const bool ok = !check || max_err <= 5e-3*max_ref;
+    printf("%-5s D=%d tokens=%2d kv=%6d sinks=%d blocks=%3dx%d | %7.1f us | K+V %6.1f MB, copy %6.1f us (%4.2f TB/s read+write), read floor %6.1f us, %4.2fx floor | %s\n",
+        type == GGML_TYPE_Q8_0 ? "q8_0" : "q4_0", D, n_tokens, n_kv, use_sinks, pb, int(grid.x*grid.z), us,
+        2*kv_bytes/1e6, us_copy, 4*kv_bytes/us_copy/1e6, us_copy/2, us/(us_copy/2),
+        check ? (ok ? "match" : "MISMATCH") : "not checked");
+    if (check) {
+        printf("      max |out - ref| %.3g, max |ref| %.3g\n", max_err, max_ref);
+    }
+    fflush(stdout);
+    CK(cudaFree(dq)); CK(cudaFree(dk)); CK(cudaFree(dv)); CK(cudaFree(dm)); CK(cudaFree(dout)); CK(cudaFree(dtmp));
+    CK(cudaFree(dmeta)); CK(cudaFree(dcopy)); CK(cudaFree(dsinks));
+    return ok ? 0 : 1;
+}
+
+// the configuration fattn.cu launches: 8 warps, 64 K/V rows per tile; 2, 4 or 8 tokens per block
+template <int D, ggml_type type>
+static int tokens(int n_kv, int n_tokens, bool check, bool sinks) {
+    if (n_tokens <= 2) return run<D, 2, 8, 64, type>(n_kv, n_tokens, check, sinks);
+    if (n_tokens <= 4) return run<D, 4, 8, 64, type>(n_kv, n_tokens, check, sinks);
+    return run<D, 8, 8, 64, type>(n_kv, n_tokens, check, sinks);
+}
+
+int main() {
+    int bad = 0;
+    printf("correctness (random data, masked holes, causal tail):\n");
+    bad += tokens<256, GGML_TYPE_Q8_0>(1024, 1, true, true);
+    bad += tokens<256, GGML_TYPE_Q8_0>(1024, 2, true, false);
+    bad += tokens<256, GGML_TYPE_Q4_0>(2048, 3, true, true);
+    bad += tokens<256, GGML_TYPE_Q8_0>(1024, 7, true, true);
+    bad += tokens<256, GGML_TYPE_Q4_0>(1024, 13, true, false);
+    bad += tokens<128, GGML_TYPE_Q8_0>(1024, 1, true, true);
+    bad += tokens<128, GGML_TYPE_Q4_0>(1024, 13, true, false);
+    bad += tokens<256, GGML_TYPE_Q8_0>(256, 1, true, false);
+    printf("speed (head size 256, GQA 8, 2 K/V heads):\n");
+    for (int kv : {1024, 32768, 131072, 262144}) {
+        for (int nt : {1, 4, 5, 16}) {
+            bad += tokens<256, GGML_TYPE_Q8_0>(kv, nt, kv <= 32768, false);
+            bad += tokens<256, GGML_TYPE_Q4_0>(kv, nt, kv <= 32768, false);
+        }
+    }
+    printf("%s\n", bad ? "FAILED" : "all checked cases match");
+    return bad ? 1 : 0;
+}
