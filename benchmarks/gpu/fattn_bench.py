@@ -2,8 +2,9 @@
 """Flash-attention decode at depth with quantized K/V (issue 24): two llama.cpp builds side by side.
 
 * `exact`: the same greedy request (a prompt of DEPTH tokens, 64 generated, top-20 log-probs per step) against
-  each build: identical tokens, and the KL divergence between the two builds' next-token distributions
-  (restricted to the union of both top-20 lists, renormalised) at every step;
+  each run (a build and environment variables): identical tokens, and the KL divergence between a run's
+  next-token distributions and the first run's (restricted to the union of both top-20 lists, renormalised) at
+  every step;
 * `drafted`: decode speed with the DSpark draft at growing depth on the oracle pair of make_fullsize_gguf.py
   --oracle: filler tokens up to the depth, then the first 8 tokens of the cycle on which the draft is never wrong,
   so every round accepts n_max tokens (accepted per round read from the server's /metrics).
@@ -11,7 +12,7 @@
 Target-only rows at depth are recipe_bench.py measure with a recipe file from `recipe` (a KV type over h200).
 
     python3 benchmarks/gpu/fattn_bench.py recipe DIR --kv q8_0 [--draft-n-max 4]      (prints the recipe path)
-    python3 benchmarks/gpu/fattn_bench.py exact MODEL --bins B0,B1 --kv q8_0 --depth 32k --json F
+    python3 benchmarks/gpu/fattn_bench.py exact MODEL --bins B0,B0,B1 [--envs "K=V,K=V,"] --kv q8_0 --depth 32k --json F
     python3 benchmarks/gpu/fattn_bench.py drafted ORACLE --bin B --kv q8_0 --lengths 1k,32k --tag T --json F
 """
 
@@ -72,33 +73,54 @@ def kl_topk(a: dict[int, float], b: dict[int, float]) -> float:
 
 
 def cmd_exact(a) -> None:
+    """The same greedy request against each run (a bin folder and environment variables); every run after the first
+    is compared with the first: with the first two runs the same build, their difference is the noise floor."""
     tmp = Path(tempfile.mkdtemp(prefix="fattn-exact-"))
     depth = bn.parse_lengths(a.depth)[0]
     ctx = max(8192, depth + a.n_predict + 256)
-    runs = {}
-    for b in a.bins.split(","):
-        s = prepare(a.model, recipe_file(tmp, a.kv, ctx), ctx=ctx, llama_bin=b)
-        if s.problems:
-            sys.exit(" | ".join(s.problems))
-        srv, argv = rb.start(s, log=a.logdir / f"server-exact-{a.kv}-{Path(b).name}.log")
+    bins = a.bins.split(",")
+    envs = [dict(kv.split("=", 1) for kv in e.split(";") if kv) for e in (a.envs.split(",") if a.envs else [""] * len(bins))]
+    if len(envs) != len(bins):
+        sys.exit("--envs: one entry per --bins entry")
+    runs = []
+    for i, (b, env) in enumerate(zip(bins, envs)):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
-            srv.start()
-            srv.wait_ready(a.timeout)
-            ids = bn.prompt_ids(srv.url, depth)
-            runs[b] = {"command": sv.printable(argv), "steps": complete_probs(srv.url, ids, a.n_predict, 20)}
+            s = prepare(a.model, recipe_file(tmp, a.kv, ctx), ctx=ctx, llama_bin=b)
+            if s.problems:
+                sys.exit(" | ".join(s.problems))
+            srv, argv = rb.start(s, log=a.logdir / f"server-exact-{a.kv}-{i}.log")
+            try:
+                srv.start()
+                srv.wait_ready(a.timeout)
+                ids = bn.prompt_ids(srv.url, depth)
+                runs.append({"bin": b, "env": env, "command": sv.printable(argv),
+                             "steps": complete_probs(srv.url, ids, a.n_predict, 20)})
+            finally:
+                srv.stop(30)
         finally:
-            srv.stop(30)
-    (b0, r0), (b1, r1) = runs.items()
-    t0 = [s["id"] for s in r0["steps"]]
-    t1 = [s["id"] for s in r1["steps"]]
-    kls = [kl_topk(x["top"], y["top"]) for x, y in zip(r0["steps"], r1["steps"])]
-    first_diff = next((i for i, (x, y) in enumerate(zip(t0, t1)) if x != y), None)
-    rec = {"kv": a.kv, "depth": depth, "n_predict": a.n_predict, "bins": [b0, b1], "identical": t0 == t1,
-           "first_difference": first_diff, "kl_max": max(kls), "kl_mean": sum(kls) / len(kls),
-           "commands": [r0["command"], r1["command"]], "tokens": [t0, t1]}
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    first = runs[0]
+    t0 = [s["id"] for s in first["steps"]]
+    comparisons = []
+    for i, r in enumerate(runs[1:], 1):
+        t1 = [s["id"] for s in r["steps"]]
+        kls = [kl_topk(x["top"], y["top"]) for x, y in zip(first["steps"], r["steps"])]
+        first_diff = next((j for j, (x, y) in enumerate(zip(t0, t1)) if x != y), None)
+        comparisons.append({"run": i, "against": 0, "identical": t0 == t1, "first_difference": first_diff,
+                            "kl_max": max(kls), "kl_mean": sum(kls) / len(kls)})
+        print(f"[exact {a.kv} {depth}] run {i} ({r['env']}) against run 0 ({first['env']}): identical={t0 == t1} "
+              f"first_diff={first_diff} KL max {max(kls):.3g} mean {sum(kls) / len(kls):.3g}", flush=True)
+    rec = {"kv": a.kv, "depth": depth, "n_predict": a.n_predict,
+           "runs": [{k: r[k] for k in ("bin", "env", "command")} | {"tokens": [s["id"] for s in r["steps"]]}
+                    for r in runs],
+           "comparisons": comparisons}
     rb.append(a.json, rec)
-    print(f"[exact {a.kv} {depth}] identical={rec['identical']} first_diff={first_diff} "
-          f"KL max {rec['kl_max']:.3g} mean {rec['kl_mean']:.3g}", flush=True)
 
 
 def cmd_drafted(a) -> None:
@@ -159,7 +181,8 @@ def main(argv=None) -> int:
         p.add_argument("--timeout", type=float, default=600.0)
         p.add_argument("-n", "--n-predict", type=int, default=64)
         if name == "exact":
-            p.add_argument("--bins", required=True, help="two llama.cpp bin folders, comma-separated")
+            p.add_argument("--bins", required=True, help="llama.cpp bin folders, comma-separated: one run each")
+            p.add_argument("--envs", default="", help="per run, comma-separated: KEY=VAL;KEY=VAL set for that run")
             p.add_argument("--depth", default="32k")
         else:
             p.add_argument("--bin", required=True)
