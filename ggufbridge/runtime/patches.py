@@ -52,6 +52,8 @@ def image_fidelity(rt, kv: dict) -> tuple[str | None, str | None]:
 # one it names: one concern, said where a reviewer reads first. A new subsystem gets its row here.
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "kv-cache": ("src/llama-kv-cache.",),
+    "memory-recurrent": ("src/llama-memory-recurrent.",),
+    "graph": ("src/llama-graph.",),
     "llama-ext": ("src/llama-ext.h", "src/llama-model.cpp"),
     "mtmd": ("tools/mtmd/clip", "tools/mtmd/mtmd.", "tools/mtmd/mtmd-image.", "tools/mtmd/models/"),
     "mtmd-helper": ("tools/mtmd/mtmd-helper.",),
