@@ -11,7 +11,8 @@
 #                                           (scripts/setup.sh): its sources are packed from there.
 #   benchmarks/device.sh JOB [ARGS...]      on the device, with .device/ beside the checkout: build the patched
 #                                           runtime with scripts/build_runtime.sh --cuda, point the bindings at it,
-#                                           run JOB; results go to $OUT (default .device/out).
+#                                           run JOB; results go to $OUT (default .device/out). A warm machine keeps
+#                                           the build (the cache folder) and $WORK: a second call resumes.
 #
 # JOBs (each a script in benchmarks/gpu/):
 #   pytest [PYTEST ARGS]          the `gpu` tests (tests/, -m gpu)
@@ -20,10 +21,15 @@
 #   draft-equality                greedy output with and without the DSpark draft on tiny pairs
 #   draft-ties                    full-shape drafted vs target-only divergences: ties or bugs
 #   exl3 [BITS...]                EXL3 packs of the same weights against the reference dump (pack with --exl3)
+#   fattn STEP...                 flash-attention decode at depth, the series without/with the fattn-gqa patch
+#                                 (fattn_h200.sh: build fatest exact-q8_0 depth-q8_0 drafted-b0 ...)
+#   streams STEP...               many clients at once: bench --concurrency and a decode-step profile
+#                                 (concurrency_h200.sh: build bench profile)
 #
 # Nothing here names an absolute path: the pack is .device/ in the checkout, the runtime is built into the same
-# cache folder as on any machine (${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}), and the device's working files go to
-# ${WORK:-.device/work}.
+# cache folder as on any machine (${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}), and the device's working files (the
+# random-weight models, logs) go to ${WORK:-${TMPDIR:-/tmp}/ggufbridge-device}: outside the checkout, because a
+# carried .device/ replaces the one a warm machine has, and a resumed job needs what the last call generated.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ggufbridge/runtime/llama_cpp.pin
@@ -51,9 +57,9 @@ pack() {
   [ -d "$src/vendor/llama.cpp" ] || { echo "device.sh: no $src: run scripts/setup.sh (it fetches the sources)" >&2; exit 2; }
   rm -rf "$DEV.tmp" && mkdir -p "$DEV.tmp/whl" "$DEV.tmp/tok"
   # the pristine pinned sources (build_runtime.sh applies the patch series on the device): only what the build
-  # reads (~10 MB: no models, docs or tests), and the bindings' Python package
+  # reads (~10 MB: no models or docs; tests/ for test-backend-ops), and the bindings' Python package
   local d parts=("$SDIST/llama_cpp")
-  for d in CMakeLists.txt ggml src include common tools cmake vendor licenses app scripts; do
+  for d in CMakeLists.txt ggml src include common tools cmake vendor licenses app scripts tests; do
     parts+=("$SDIST/vendor/llama.cpp/$d")
   done
   tar -czf "$DEV.tmp/llama-src.tgz" -C "$CACHE/src" "${parts[@]}"
@@ -68,10 +74,11 @@ pack() {
   du -sh "$DEV"; echo "carry $DEV with the checkout; on the device: benchmarks/device.sh JOB"
 }
 
-setup_device() {  # the device's Python path and wheels; the patched runtime (scripts/build_runtime.sh) unless --no-runtime
+setup_device() {  # [--no-runtime | BUILD_RUNTIME_ARGS...]: the device's Python path and wheels; the patched runtime
+                  # (scripts/build_runtime.sh --cuda, with what a job needs beside it: --tests, --target T)
   [ -f "$DEV/llama-src.tgz" ] || { echo "device.sh: no $DEV/: run benchmarks/device.sh pack first" >&2; exit 2; }
   export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 JOBS=${JOBS:-$(nproc)}
-  export DEVICE_DIR=$PWD/$DEV WORK=${WORK:-$PWD/$DEV/work} OUT=${OUT:-$PWD/$DEV/out}
+  export DEVICE_DIR=$PWD/$DEV WORK=${WORK:-${TMPDIR:-/tmp}/ggufbridge-device} OUT=${OUT:-$PWD/$DEV/out}
   mkdir -p "$WORK" "$OUT"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$DEV/site" \
     "$DEV"/whl/*.whl || exit 1
@@ -81,7 +88,7 @@ setup_device() {  # the device's Python path and wheels; the patched runtime (sc
   mkdir -p "$CACHE/src"
   [ -f "$CACHE/src/$SDIST/.extracted" ] || { tar -xzf "$DEV/llama-src.tgz" -C "$CACHE/src" && touch "$CACHE/src/$SDIST/.extracted"; }
   local t0=$SECONDS
-  bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" > "$OUT/build-runtime.log" 2>&1 \
+  bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" "$@" > "$OUT/build-runtime.log" 2>&1 \
     || { tail -30 "$OUT/build-runtime.log"; exit 1; }
   export RUNTIME_BIN
   RUNTIME_BIN=$(python3 -c "from ggufbridge.runtime.locate import locate; print(locate().bin_dir)") || exit 1
@@ -102,5 +109,7 @@ case $job in
   draft-equality) setup_device; exec bash benchmarks/gpu/draft_equality.sh "$@" ;;
   draft-ties) setup_device; exec bash benchmarks/gpu/draft_ties.sh "$@" ;;
   exl3) setup_device --no-runtime; exec bash benchmarks/gpu/exl3_vs_gguf.sh "$@" ;;  # exllamav3 only
-  *) sed -n 2,22p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
+  fattn) setup_device --tests; exec bash benchmarks/gpu/fattn_h200.sh "$@" ;;
+  streams) setup_device --target llama-batched-bench; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
+  *) sed -n 2,27p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
 esac

@@ -4,11 +4,17 @@
 # (scripts/build_ui.sh: the tree's tools/ui with npm; without npm the server is built without it). Cached outside
 # the repo.
 #
-#   scripts/build_runtime.sh [--cuda] [--cuda-arch 90] [--python PY]
+#   scripts/build_runtime.sh [--cuda] [--cuda-arch 90] [--python PY] [--tests] [--target T]... [--without-patch NAME]
 #   scripts/build_runtime.sh --source-only     (fetch the pristine pinned tree only; print its path)
 #
 # --python PY: also install llama-cpp-python's Python package (no second compile) into PY's environment
 #              and point it at the libraries built here.
+# --tests / --target T: also configure the tree's own tests and build test-backend-ops / also build the tree's
+#              target T (e.g. llama-batched-bench): what the GPU benchmarks run beside the runtime.
+# --without-patch NAME: the series without the one patch whose file name contains NAME, built into its own cache
+#              folder (the series hash keys it), so that a build with and one without a patch can be compared
+#              side by side (benchmarks/device.sh fattn). ggufbridge itself only ever finds the full series.
+# Once built it prints "build_runtime: runtime ready in BIN_DIR" (benchmarks/device.sh reads BIN_DIR from it).
 set -euo pipefail
 
 # the pin (llama-cpp-python release and the llama.cpp commit it vendors) has one home, read by Python too
@@ -19,13 +25,19 @@ CUDA=0
 CUDA_ARCH=""
 PY=""
 SOURCE_ONLY=0
+TESTS=0
+EXTRA_TARGETS=()
+WITHOUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) CUDA=1 ;;
     --cuda-arch) CUDA_ARCH="$2"; shift ;;
     --python) PY="$2"; shift ;;
     --source-only) SOURCE_ONLY=1 ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    --tests) TESTS=1; EXTRA_TARGETS+=(test-backend-ops) ;;
+    --target) EXTRA_TARGETS+=("${2:?--target needs a target name}"); shift ;;
+    --without-patch) WITHOUT="${2:?--without-patch needs a patch name}"; shift ;;
+    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
     *) echo "build_runtime: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -39,10 +51,23 @@ VARIANT=cpu
 PATCH_DIR="$(cd "$(dirname "$0")/.." && pwd)/patches/llama.cpp"
 PATCHES=()
 [ -d "$PATCH_DIR" ] && while IFS= read -r f; do PATCHES+=("$f"); done < <(find "$PATCH_DIR" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' | sort)
+if [ -n "$WITHOUT" ]; then
+  KEPT=()
+  dropped=()
+  for f in "${PATCHES[@]}"; do
+    case "$(basename "$f")" in *"$WITHOUT"*) dropped+=("$(basename "$f")") ;; *) KEPT+=("$f") ;; esac
+  done
+  if [ ${#dropped[@]} -ne 1 ]; then
+    echo "build_runtime: --without-patch '$WITHOUT' names ${#dropped[@]} patches of the series (${dropped[*]:-none}), not one" >&2
+    exit 2
+  fi
+  PATCHES=("${KEPT[@]}")
+fi
 PHASH=none
 if [ ${#PATCHES[@]} -gt 0 ]; then
   PHASH=$(for f in "${PATCHES[@]}"; do basename "$f"; cat "$f"; done | sha256sum | cut -c1-12)
 fi
+[ -n "$WITHOUT" ] && echo "build_runtime: the series without ${dropped[0]} (hash $PHASH)" >&2
 PREFIX="$CACHE/llama.cpp-$VERSION-$VARIANT-p$PHASH"
 SRC="$CACHE/src/llama_cpp_python-$VERSION"         # pristine sdist (also the bindings' Python sources)
 TREE="$CACHE/src/llama.cpp-$VERSION-p$PHASH"         # the vendored llama.cpp with the patches applied
@@ -91,6 +116,7 @@ fi
 args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
       -DGGML_RPC=ON -DLLAMA_BUILD_MTMD=ON)
+[ "$TESTS" = 1 ] && args=("${args[@]/-DLLAMA_BUILD_TESTS=OFF/-DLLAMA_BUILD_TESTS=ON}")
 if [ "$CUDA" = 1 ]; then
   args+=(-DGGML_CUDA=ON)
   [ -n "$CUDA_ARCH" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
@@ -158,6 +184,11 @@ if [ ! -f "$PREFIX/runtime.json" ]; then
   cmake --build "$PREFIX/build" -j "$JOBS" --target llama mtmd "${TOOLS[@]}" >"$PREFIX.build.log" 2>&1 \
     || { tail -40 "$PREFIX.build.log" >&2; exit 1; }
   write_info
+fi
+if [ ${#EXTRA_TARGETS[@]} -gt 0 ]; then  # every time: the build key does not record them (ninja: a no-op when built)
+  echo "build_runtime: building ${EXTRA_TARGETS[*]}"
+  cmake --build "$PREFIX/build" -j "$JOBS" --target "${EXTRA_TARGETS[@]}" >"$PREFIX.extra.log" 2>&1 \
+    || { tail -40 "$PREFIX.extra.log" >&2; exit 1; }
 fi
 echo "build_runtime: runtime ready in $PREFIX/build/bin"
 

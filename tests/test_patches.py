@@ -66,6 +66,25 @@ def test_series_hash_is_build_runtime_sh_cache_key():
     assert patches.series_hash([]) == "none"
 
 
+def test_build_runtime_without_one_patch_keys_its_own_build():
+    """--without-patch NAME (a benchmark's before/after builds) drops exactly one patch: the reduced series gets
+    its own cache key, the one the series' hash gives without that patch; a name matching none or several is
+    refused with one line and exit 2, before anything is fetched or built."""
+    script = ROOT / "scripts" / "build_runtime.sh"
+    series = patches.series()
+    gqa = [p for p in series if "fattn-gqa" in p.name]
+    assert len(gqa) == 1
+    res = subprocess.run(["bash", str(script), "--source-only", "--without-patch", "fattn-gqa"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    want = patches.series_hash([p for p in series if p is not gqa[0]])
+    assert f"without {gqa[0].path.name} (hash {want})" in res.stderr and want != patches.series_hash()
+    for name in ("no-such-patch", "mtmd"):
+        res = subprocess.run(["bash", str(script), "--without-patch", name], capture_output=True, text=True)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert "not one" in res.stderr
+
+
 def test_canvas_patch_is_recognised_in_the_library(tmp_path):
     """A build elsewhere (--llama-bin) is recognised by the key only the canvas patch adds to libmtmd."""
     for name, patched in (("stock", False), ("patched", True)):
