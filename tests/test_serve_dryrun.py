@@ -54,10 +54,10 @@ def test_dry_run(model_dir, name, draft):
     assert f"memory plan (recipe {name}): -c {_flag(argv, '-c')}" in out
     trained = 4096  # the fixture's max_position_embeddings -> context_length
     expected_ctx = min(srv["ctx"], trained, recipe.draft["ctx_cap"] if draft else srv["ctx"])
-    # with --draft one slot unless --parallel: drafting on several slots is not exact in the pinned runtime
-    slots = 1 if draft else srv["parallel"]
-    if draft and srv["parallel"] > 1:
-        assert f"--draft serves one slot (the recipe has {srv['parallel']})" in out
+    # the recipe's slots with --draft too: this runtime carries the rollback patch (a runtime without it: below)
+    assert loc.locate().exact_multislot_drafting
+    slots = srv["parallel"]
+    assert "--draft serves one slot" not in out and "lacks the patch" not in out
     if slots == 1:
         assert int(_flag(argv, "-c")) == expected_ctx and "--kv-unified" not in argv
     else:  # one unified pool of every slot's context, each slot capped at its own (runtime/memory.py)
@@ -103,6 +103,28 @@ def test_dry_run(model_dir, name, draft):
                        env=rt.env(), timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "commit 0c1e570" in p.stdout + p.stderr
+
+
+def test_draft_on_a_runtime_without_the_rollback_patch_serves_one_slot(model_dir, monkeypatch):
+    """A runtime whose libllama lacks patch memory-recurrent-rollback-snapshots-follow-cell (a stock build, an older
+    series) can move one drafting stream into another's state: --draft then serves one slot unless --parallel asks
+    for more, and says why either way."""
+    monkeypatch.setattr(loc.Runtime, "exact_multislot_drafting", property(lambda self: False))
+    res = CliRunner().invoke(cli, ["serve", str(model_dir), "--recipe", "cpu", "--draft", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "--draft serves one slot (the recipe has 4)" in res.stdout and " -np 1 " in res.stdout
+    res = CliRunner().invoke(cli, ["serve", str(model_dir), "--recipe", "cpu", "--draft", "--parallel", "2",
+                                   "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "--draft on 2 slots: this runtime lacks the patch" in res.stdout and " -np 2 " in res.stdout
+
+
+def test_the_rollback_patch_is_recognised_in_the_library(tmp_path):
+    for name, patched in (("stock", False), ("patched", True)):
+        d = tmp_path / name / "bin"
+        d.mkdir(parents=True)
+        (d / "libllama.so").write_bytes(b"\0rs_s_copy\0" + (b"rs_s_copy_src\0" if patched else b""))
+        assert loc.Runtime(bin_dir=d, source="--llama-bin").exact_multislot_drafting is patched
 
 
 def test_quantised_kv_refused_for_small_head_dim(make_ckpt, tmp_path_factory):

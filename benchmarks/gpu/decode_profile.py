@@ -3,7 +3,9 @@
 concurrency_h200.sh on the device, stdlib only).
 
 * timing: llama-batched-bench (-npp PROMPT -ntg STEPS -npl 1,2,4,8, CUDA graphs on, as llama-server runs):
-  milliseconds per decode step at each N, from the tool's own T_TG;
+  milliseconds per decode step at each N, from the tool's own T_TG. The tool decodes without sampling and without
+  a server, so this is the GPU's step alone: set against llama-server's per-stream decode at the same N (bench
+  --concurrency), the difference is the server's host work per step (`--timing-only`: this part only);
 * kernels: `ncu` over llama-batched-bench with 1-token prompts and STEPS decode steps, once with 2 and once with 4
   steps: the difference of the two runs, halved, is exactly one decode step of N sequences (warm-up, load and
   the first step cancel). Per kernel name: launches and GPU time per step; the sum against the timed step says
@@ -89,6 +91,7 @@ def main() -> int:
     ap.add_argument("--npp", type=int, default=1024, help="prompt tokens per sequence in the timing run")
     ap.add_argument("--ntg", type=int, default=128, help="decode steps in the timing run")
     ap.add_argument("--extra", default="-ctk q8_0 -ctv q8_0", help="more llama-batched-bench arguments")
+    ap.add_argument("--timing-only", action="store_true", help="llama-batched-bench only, no ncu")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
     bench = os.path.join(a.bin_dir, "llama-batched-bench")
@@ -97,7 +100,9 @@ def main() -> int:
     report["timing"] = batched_bench(bench, a.model, [int(x) for x in a.timing_npl.split(",")], a.npp, a.ntg, extra)
     print(json.dumps(report["timing"], indent=1), flush=True)
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    if not os.path.exists(ncu):
+    if a.timing_only:
+        pass
+    elif not os.path.exists(ncu):
         report["profile_error"] = "ncu not found"
     else:
         report["profile"] = []

@@ -125,6 +125,12 @@ class Runtime:
         """Whether libmtmd knows MiniCPM-V 4.7's canvas M-RoPE (the ggufbridge patch), read from the library."""
         return self.has_string(patches.CANVAS_KEY)
 
+    @property
+    def exact_multislot_drafting(self) -> bool:
+        """Whether libllama carries the recurrent-rollback fix, so that drafting on several slots keeps each
+        stream's output (the ggufbridge patch), read from the library."""
+        return self.has_string(patches.ROLLBACK_KEY, "libllama")
+
     def has_string(self, text: str, lib: str = "libmtmd") -> bool:
         """Whether the runtime's `lib` (a static build: llama-server) holds `text` as a C string: how a projector
         name or a metadata key the runtime reads is recognised without running it."""

@@ -3,7 +3,7 @@
 scripts/build_runtime.sh applies the series in order and keys its build folder by `series_hash()`; the build's
 runtime.json lists the patches it carries. A runtime built elsewhere (`--llama-bin`, `LLAMA_CPP_BIN`) is
 recognised by what its libraries contain: `CANVAS_KEY` is a string that only the canvas M-RoPE patch adds
-to libmtmd.
+to libmtmd, `ROLLBACK_KEY` one that only the recurrent-rollback patch adds to libllama.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from pathlib import Path
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches" / "llama.cpp"
 CANVAS_KEY = "clip.minicpmv.canvas_mrope"  # mmproj key read only by a patched libmtmd
+# the graph input that patch memory-recurrent-rollback-snapshots-follow-cell adds: without that patch, drafting on
+# several slots can roll a stream back into another one's recurrent state (docs/benchmarks.md, "Drafting with
+# several streams")
+ROLLBACK_KEY = "rs_s_copy_src"
 STOCK_IMAGE_LOSS = ("a stock llama.cpp gives image tokens 1-D positions and letterboxes slices instead of "
                     "MiniCPM-V 4.7's canvas M-RoPE and stretched slices (tail KL up to 1.68 on synthetic "
                     "models, docs/vision.md); build the patched runtime with scripts/build_runtime.sh")
@@ -52,6 +56,8 @@ def image_fidelity(rt, kv: dict) -> tuple[str | None, str | None]:
 # one it names: one concern, said where a reviewer reads first. A new subsystem gets its row here.
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "kv-cache": ("src/llama-kv-cache.",),
+    "memory-recurrent": ("src/llama-memory-recurrent.",),
+    "graph": ("src/llama-graph.",),
     "llama-ext": ("src/llama-ext.h", "src/llama-model.cpp"),
     "mtmd": ("tools/mtmd/clip", "tools/mtmd/mtmd.", "tools/mtmd/mtmd-image.", "tools/mtmd/models/"),
     "mtmd-helper": ("tools/mtmd/mtmd-helper.",),

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggufbridge.errors import RuntimeNotFound, ServerError
-from ggufbridge.runtime import lifecycle
+from ggufbridge.runtime import lifecycle, patches
+from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import rpc as rpcw
 from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.artifacts import ModelSpec, home_of
-from ggufbridge.runtime.locate import PAGE_HINT
 from ggufbridge.runtime.recipes import load_recipe
 from ggufbridge.runtime.session import Session, prepare
 
@@ -67,16 +67,19 @@ def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool =
         endpoints = [f"WORKER{i}:{rec.rpc['default_port']}" for i in range(workers)]
     else:
         endpoints = sv.parse_rpc(rpc, workers)
-    # drafting on several slots can change a stream's greedy output in the pinned runtime (docs/benchmarks.md,
-    # "Drafting with several streams"): with --draft the default is one slot, and more are served only when asked
-    fault = draft and parallel is None and rec.server["parallel"] > 1
+    # without the rollback patch, drafting on several slots can change a stream's greedy output (docs/benchmarks.md,
+    # "Drafting with several streams"): on such a runtime --draft serves one slot unless more are asked for
+    inexact = draft and _lacks_rollback_fix(llama_bin)
+    fault = inexact and parallel is None and rec.server["parallel"] > 1
     s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=workers,
                 parallel=1 if fault else parallel)
-    why = "the pinned runtime can change a stream's greedy output when several slots draft (docs/benchmarks.md)"
+    why = (f"this runtime lacks the patch that keeps drafting streams apart (its libllama has no "
+           f"{patches.ROLLBACK_KEY}): a stream's greedy output can change when several slots draft "
+           f"(docs/benchmarks.md)")
     if fault:
         s.plan.notes.append(f"--draft serves one slot (the recipe has {rec.server['parallel']}): {why}; --parallel N "
                             f"serves more")
-    elif draft and s.plan.slots > 1:
+    elif inexact and s.plan.slots > 1:
         s.plan.notes.append(f"--draft on {s.plan.slots} slots: {why}")
     extra = ["--media-path", str(Path(media_path).resolve())] if media_path else []
     if s.art.mmproj is not None:  # video_url parts: frames sampled as MiniCPM-V's video processor does
@@ -88,6 +91,15 @@ def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool =
                            extra=extra, think=think, reasoning_budget=reasoning_budget)
     server_bin = s.rt.bin_dir / "llama-server" if s.rt else Path("llama-server")
     return ServeSetup(s, opts, server_bin, sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts), local)
+
+
+def _lacks_rollback_fix(llama_bin: str | None) -> bool:
+    """Whether the runtime `serve` will use is known to lack the multi-slot rollback fix (one that is not found is
+    not known: `prepare` reports it)."""
+    try:
+        return not loc.locate(llama_bin).exact_multislot_drafting
+    except RuntimeNotFound:
+        return False
 
 
 def wildcard_warning(host: str, api_key: str | None) -> str | None:
@@ -158,7 +170,7 @@ def serve(model: "str | Path | ModelSpec", *, log_path: str | Path | None = None
         if s.rt.has_page:
             say(f"chat page: {srv.url}/" + ("  (it asks for the --api-key)" if opts.api_key else ""))
         else:
-            say(f"no chat page in this llama-server (API only): {PAGE_HINT}")
+            say(f"no chat page in this llama-server (API only): {loc.PAGE_HINT}")
         say(f"ready: {srv.url}/v1  (model {sv.model_alias(s.art)}; health {srv.url}/health; log {log_file})")
 
     try:
