@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The tests llama.cpp ships for what the patch series touches, built from the patched tree that build_runtime.sh
-# made (run it first) and run here: libmtmd's C API and internals (chunk serialization), the batch allocator, and
-# every architecture's tiny-model test (the KV cache and M-RoPE models: qwen2vl, qwen3vl, qwen35 among 133).
+# made (run it first) and run here: libmtmd's C API and internals (chunk serialization), the batch allocator,
+# every architecture's tiny-model test (the KV cache and M-RoPE models: qwen2vl, qwen3vl, qwen35 among 133), and the
+# recurrent-state rollback test over every recurrent and hybrid architecture's dummy model (the rollback patch's
+# "moved cell" case among them).
 #   scripts/patch_upstream_tests.sh        (~15 min on 2 cores: it compiles the library again with the tests)
 # With --cuda (a machine with nvcc and a GPU; --cuda-arch N, default 90): the ggml-cuda patch instead, through
 # test-backend-ops: every FLASH_ATTN_EXT case with a quantized K/V cache on CUDA0 against the CPU backend, with
@@ -43,10 +45,14 @@ if [ $CUDA = 1 ]; then
   done
   exit 0
 fi
-TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-llama-archs)
+TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-llama-archs test-recurrent-state-rollback)
 cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_MTMD=ON >"$B.configure.log" 2>&1
 cmake --build "$B" -j "${JOBS:-$(nproc)}" --target "${TESTS[@]}" >"$B.build.log" 2>&1
+# test-llama-archs writes the dummy models that the rollback test reads (as llama.cpp's ctest fixture does)
+"$B/bin/test-llama-archs" -o "$B/test-models" >"$B/generate-models.log" 2>&1 \
+  || { echo "FAIL  test-llama-archs -o (log: $B/generate-models.log)"; exit 1; }
 for t in "${TESTS[@]}"; do
-  if "$B/bin/$t" >"$B/$t.log" 2>&1; then echo "ok    $t"; else echo "FAIL  $t (log: $B/$t.log)"; exit 1; fi
+  args=(); [ "$t" = test-recurrent-state-rollback ] && args=(--models "$B/test-models")
+  if "$B/bin/$t" "${args[@]}" >"$B/$t.log" 2>&1; then echo "ok    $t"; else echo "FAIL  $t (log: $B/$t.log)"; exit 1; fi
 done

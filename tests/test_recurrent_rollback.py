@@ -19,6 +19,8 @@ snapshots are written).
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,15 @@ N_RS = 4          # snapshots per sequence: drafts of up to 4 tokens roll back
 PROMPTS = {0: [11, 12, 13], 1: [21, 22, 23], 2: [31, 32, 33]}
 SAMPLED, DRAFT, NEXT = 40, [41, 42, 43, 44], 45
 TOL = 1e-3        # f32 model: the reference and the batched path differ by ~3e-6; a wrong state by whole logits
+
+
+class _TensorHead(ctypes.Structure):
+    """The leading fields of ggml's `struct ggml_tensor` (ggml/include/ggml.h), up to its name."""
+
+    _fields_ = [("type", ctypes.c_int32), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int32), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
 
 
 class Runtime:
@@ -40,12 +51,22 @@ class Runtime:
         assert self.model, path
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
         self.contexts = []
+        self.graphs = 0  # graph computations seen by the eval callback: one per ubatch
 
-    def context(self, n_seq: int, n_rs: int, unified: bool):
+        def seen(t, ask, user_data):
+            if ask and _TensorHead.from_address(t).name == b"result_output":
+                self.graphs += 1
+            return False  # observe nothing: only the scheduler's question is counted
+
+        self._cb = llama_cpp.ggml_backend_sched_eval_callback(seen)  # kept alive with the contexts
+
+    def context(self, n_seq: int, n_rs: int, unified: bool, count_ubatches: bool = False):
         cp = self.L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 64, 64
         cp.n_seq_max, cp.n_rs_seq, cp.kv_unified = n_seq, n_rs, unified
         cp.n_threads = cp.n_threads_batch = 2
+        if count_ubatches:
+            cp.cb_eval = self._cb
         ctx = self.L.llama_init_from_model(self.model, cp)
         assert ctx
         self.contexts.append(ctx)
@@ -146,3 +167,27 @@ def test_a_state_one_token_off_is_caught(rt):
     assert float(np.abs(got - _alone(rt, _expected(1, 2))).max()) < TOL
     wrong = _alone(rt, PROMPTS[1] + [SAMPLED] + DRAFT[:3] + [NEXT])
     assert float(np.abs(got - wrong).max()) > 100 * TOL
+
+
+def test_verifications_of_equal_length_share_a_ubatch(rt):
+    """Patch batch-group-short-runs-by-length: four drafting streams whose verifications are 5, 5, 1 and 5 tokens
+    (one stream's draft came back empty) decode as two ubatches, the three of 5 tokens together, each ubatch a pass
+    over all weights; the 13-patch runtime's split took them one at a time (4). Every row's logits still equal
+    each sequence decoded alone."""
+    lengths = [5, 5, 1, 5]
+    prompts = {s: [10 + s, 20 + s, 30 + s] for s in range(4)}
+    ctx = rt.context(4, N_RS, True, count_ubatches=True)
+    rt.decode(ctx, [(s, i, t, False) for s in range(4) for i, t in enumerate(prompts[s])])
+    items = [(s, 3 + k, 40 + s + k, True) for s in range(4) for k in range(lengths[s])]
+    before = rt.graphs
+    got = rt.decode(ctx, items)
+    assert rt.graphs - before == 2, f"{rt.graphs - before} ubatches for verifications of {lengths} tokens"
+    row = 0
+    for s in range(4):
+        alone = rt.context(1, 0, unified=True)
+        rt.decode(alone, [(0, i, t, False) for i, t in enumerate(prompts[s])])
+        want = rt.decode(alone, [(0, 3 + k, 40 + s + k, True) for k in range(lengths[s])])
+        for k in range(lengths[s]):
+            assert float(np.abs(got[row] - want[k]).max()) < TOL, (s, k)
+            row += 1
+

@@ -2,20 +2,21 @@
 # Device job `benchmarks/device.sh streams STEP...` (issue 28): many clients at once on one H200, at the real
 # 35B-A3B shapes, on the runtime device.sh built (with --target llama-batched-bench).
 # NOT RUN YET: written without device time. Steps, in order (each skips what is already there, so a warm machine
-# resumes); `all` = build timing bench bench-bs, the one call that measures the issue's before/after (~9 min on a
-# bare machine with the runtime build, most of it the build; see docs/benchmarks.md "Where the batch-2…16 decode
-# step goes"):
-#   build     the hq3m file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs
-#   timing    the decode step alone, no server and no sampling: llama-batched-bench at 1, 2, 4, 8, 16 sequences
-#             (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
-#   bench     `ggufbridge bench --concurrency 1,2,4,8 --draft` on the hq3m file: one llama-server with -np 8 (the
-#             planner's slots: a unified pool, each slot capped at its context), q8_0 KV as the issue's before-table,
-#             1k-token prompts, 128 generated tokens per stream, target-only and drafted (drafted text = target-only
-#             text per stream: the full-shape form of the CPU test); $OUT/concurrency/*
-#   bench-bs  the same target-only at 1, 4, 8 streams with llama-server's --backend-sampling (the sampler chain in
-#             the graph on the GPU instead of each slot's on the server thread, between decodes); $OUT/concurrency-bs/*
-#   profile   one decode step at 1 and 8 sequences kernel by kernel (ncu, decode_profile.py; slow: ncu serialises
-#             ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
+# resumes); `all` = build timing bench bench-bs bench-draft, the one call that measures the issue's before/after
+# (~9 min on a bare machine with the runtime build, most of it the build; the steps most worth having come first,
+# so a call cut short keeps them; see docs/benchmarks.md "Where the batch-2…16 decode step goes"):
+#   build        the hq3m file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs
+#   timing       the decode step alone, no server and no sampling: llama-batched-bench at 1, 2, 4, 8, 16 sequences
+#                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
+#   bench        `ggufbridge bench --concurrency 1,2,4,8` on the hq3m file, target only: one llama-server with -np 8
+#                (the planner's slots: a unified pool, each slot capped at its context), q8_0 KV as the issue's
+#                before-table, 1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
+#   bench-bs     the same with llama-server's --backend-sampling (the sampler chain in the graph on the GPU instead
+#                of each slot's on the server thread, between decodes); $OUT/concurrency-bs/*
+#   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
+#                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
+#   profile      one decode step at 1 and 8 sequences kernel by kernel (ncu, decode_profile.py; slow: ncu
+#                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 #   benchmarks/device.sh streams all
 set -uo pipefail
 O=$OUT; S=$WORK/shm; L=$WORK/logs; R=$WORK/recipes; mkdir -p $S $L $R
@@ -26,7 +27,7 @@ printf 'base = "h200"\nname = "h200-q8kv-bs"\n[server]\ncache_type_k = "q8_0"\nc
   > $R/h200-q8kv-bs.toml
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
 t() { echo "== $(date +%T) $*"; }
-steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-bs)
+steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-bs bench-draft)
 model() { ls $S/hq3m/MiniCPM-V-4_7-*.gguf | head -1; }
 for step in "${steps[@]}"; do t "$step"; case $step in
 build)
@@ -37,14 +38,17 @@ timing)
   timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
     --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-h200.json 2>&1 | tail -20 ;;
 bench)
-  timeout 400 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --draft \
-    --prompt-lengths 1k -n 128 -o $O/concurrency 2>&1 | tail -40 ;;
+  timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
+    --prompt-lengths 1k -n 128 -o $O/concurrency 2>&1 | tail -20 ;;
 bench-bs)
-  timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv-bs.toml --concurrency 1,4,8 \
+  timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv-bs.toml --concurrency 1,2,4,8 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-bs 2>&1 | tail -20 ;;
+bench-draft)
+  timeout 300 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
+    --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
-*) echo "streams: unknown step $step (all build timing bench bench-bs profile)" >&2; exit 2 ;;
+*) echo "streams: unknown step $step (all build timing bench bench-bs bench-draft profile)" >&2; exit 2 ;;
 esac; keep_logs; done
 t done

@@ -42,7 +42,9 @@ def command(llama_bin: str | None, python: str | None) -> None:
                + (f"; not {', '.join(unknown)} (such files will not load here)" if unknown else ""))
     upstream_draft = rt.has_string(DRAFT_KEYS["block_size"][1], "libllama")
     click.echo("draft     DSpark keys dflash.*" + (
-        " and dspark.*" if upstream_draft else " (drafts with upstream's dspark.* keys: served from a renamed copy)"))
+        " and dspark.*" if upstream_draft else " (drafts with upstream's dspark.* keys: served from a renamed copy)")
+        + ("; several drafting slots exact (rollback patch)" if rt.exact_multislot_drafting else
+           "; one drafting slot by default: without the rollback patch several can change a stream's output"))
     if rt.has_page:
         click.echo("page      llama-server's chat page: yes (at the server's address, `ggufbridge serve` prints it)")
     else:
