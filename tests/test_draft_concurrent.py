@@ -2,7 +2,8 @@
 DSpark draft, each greedy output equal to target-only output for its own prompt.
 
 The server runs with the planner's own slot arguments (a unified KV pool, each slot capped at its context,
-runtime/memory.py), so this is the configuration `serve --parallel 4 --draft` launches. Three pairs (and, with the random one, three streams joining a fourth that drafts):
+runtime/memory.py), so this is the configuration `serve --parallel 4 --draft` launches. Three pairs (and, with
+the random one, three streams joining a fourth that drafts):
 
 * random target + random draft: the target's output depends on its recurrent state, and random drafts are
   rejected most of the time, so every stream rolls its gated-delta-net state back round after round while the
