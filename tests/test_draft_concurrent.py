@@ -2,7 +2,8 @@
 DSpark draft, each greedy output equal to target-only output for its own prompt.
 
 The server runs with the planner's own slot arguments (a unified KV pool, each slot capped at its context,
-runtime/memory.py), so this is the configuration `serve --parallel 4 --draft` launches. Two pairs:
+runtime/memory.py), so this is the configuration `serve --parallel 4 --draft` launches. Three pairs (and, with
+the random one, three streams joining a fourth that drafts):
 
 * random target + random draft: the target's output depends on its recurrent state, and random drafts are
   rejected most of the time, so every stream rolls its gated-delta-net state back round after round while the
@@ -18,9 +19,11 @@ runtime/memory.py), so this is the configuration `serve --parallel 4 --draft` la
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import replace
 
@@ -49,19 +52,15 @@ def _slot_args(target_gguf) -> tuple[str, ...]:
     return tuple(plan.context_args())
 
 
-def _concurrently(url: str, prompts: list, *, lead: float = 0.0, n_first: int = N_PREDICT
-                  ) -> list[tuple[list[int], dict, float, float]]:
-    """All prompts released together, one client thread each (or the first `lead` seconds before the others, for
-    `n_first` tokens): (tokens, timings, start, end) per prompt."""
+def _concurrently(url: str, prompts: list) -> list[tuple[list[int], dict, float, float]]:
+    """All prompts released together, one client thread each: (tokens, timings, start, end) per prompt."""
     gate = threading.Barrier(len(prompts))
     out: list = [None] * len(prompts)
 
     def client(i):
         gate.wait()
-        if i > 0:
-            time.sleep(lead)
         t0 = time.monotonic()
-        tokens, timings = greedy(url, prompts[i], n_first if i == 0 else N_PREDICT)
+        tokens, timings = greedy(url, prompts[i], N_PREDICT)
         out[i] = (tokens, timings, t0, time.monotonic())
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
@@ -71,6 +70,54 @@ def _concurrently(url: str, prompts: list, *, lead: float = 0.0, n_first: int = 
         t.join()
     assert all(o is not None for o in out), "a client failed (see the server log)"
     return out
+
+
+def _join_a_stream(url: str, prompts: list, n_first: int, after: int):
+    """prompts[0] streamed alone; the others start, one client thread each, once it has sent `after` chunks (about
+    as many tokens): it is generating, drafting if the server drafts. Returns (its text, its timings, when it ended)
+    and (tokens, timings, start, end) for each of the others."""
+    joined = threading.Event()
+    first: dict = {}
+
+    def lead():
+        body = {"prompt": prompts[0], "n_predict": n_first, "temperature": 0.0, "top_k": 1, "seed": 0,
+                "cache_prompt": False, "ignore_eos": True, "stream": True}
+        req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        text, chunks, timings = "", 0, {}
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                for raw in r:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data: "):
+                        continue
+                    chunk = json.loads(line[6:])
+                    text += chunk.get("content") or ""
+                    chunks += 1
+                    if chunks >= after:
+                        joined.set()
+                    if chunk.get("stop"):
+                        timings = chunk.get("timings") or {}
+                        break
+        finally:
+            joined.set()
+            first.update(text=text, timings=timings, end=time.monotonic())
+
+    out: list = [None] * (len(prompts) - 1)
+
+    def client(i):
+        joined.wait()
+        t0 = time.monotonic()
+        tokens, timings = greedy(url, prompts[i + 1], N_PREDICT)
+        out[i] = (tokens, timings, t0, time.monotonic())
+
+    threads = [threading.Thread(target=lead)] + [threading.Thread(target=client, args=(i,)) for i in range(len(out))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(o is not None for o in out) and first, "a client failed (see the server log)"
+    return (first["text"], first["timings"], first["end"]), out
 
 
 def _serve(target, draft, tmp_path, tag, prompts, *, concurrent: bool):
@@ -123,24 +170,27 @@ def test_four_drafted_streams_equal_target_only_per_stream(random_pair, tmp_path
 def test_drafted_streams_joining_a_drafting_one_equal_target_only(random_pair, tmp_path):
     """The server-level form of the rollback fault that tests/test_recurrent_rollback.py pins down: one stream
     drafts alone and the other three join it mid-generation, so their prompts are prefilled in the batches of its
-    verifications and its recurrent cell moves between ubatches. On the 12-patch runtime about one round in five
-    left target-only output (3 of 15 rounds, leads 0.3-1.5 s), none of 12 with the patch; three rounds here, on one
-    server (cells left where earlier rounds put them)."""
+    verifications and its recurrent cell moves between ubatches. On the 12-patch runtime 3 of 8 runs of this test
+    left target-only output (2 of 4 joining after fixed delays, 1 of 4 in this form), none with the patch; three
+    rounds here, joining after 4, 16 and 48 of the first stream's tokens, on one server (cells left where earlier
+    rounds put them)."""
     _, target, draft, alone = random_pair
     order = [3, 0, 1, 2]  # the token-id prompt leads: its stream was the one seen leaving target-only output
     prompts = [RANDOM_PROMPTS[i] for i in order]
-    n_first = 8 * N_PREDICT  # long enough that the others join while it still drafts
+    n_first = 8 * N_PREDICT  # long enough that the others run while it still drafts
     with llama_server(target, None, log_path=tmp_path / "server-first.log") as url:
-        first_alone, _ = greedy(url, prompts[0], n_first)
+        first_alone = post_json(url + "/completion", {
+            "prompt": prompts[0], "n_predict": n_first, "temperature": 0.0, "top_k": 1, "seed": 0,
+            "cache_prompt": False, "ignore_eos": True})["content"]
     with llama_server(target, draft, extra=N_MAX, log_path=tmp_path / "server-join.log",
                       slots=_slot_args(target)) as url:
-        for lead in (0.05, 0.15, 0.3):
-            res = _concurrently(url, prompts, lead=lead, n_first=n_first)
-            assert max(r[2] for r in res[1:]) < res[0][3], f"lead {lead} s: the others joined after the first ended"
-            assert res[0][1].get("draft_n", 0) > 0, res[0][1]
-            assert res[0][0] == first_alone, (lead, prompts[0])
-            for i, (got, *_) in zip(order[1:], res[1:]):
-                assert got == alone[i][0], (lead, RANDOM_PROMPTS[i])
+        for after in (4, 16, 48):
+            (text, timings, end), others = _join_a_stream(url, prompts, n_first, after)
+            assert max(o[2] for o in others) < end, f"after {after} tokens: the others started after the first ended"
+            assert timings.get("draft_n", 0) > 0, timings
+            assert text == first_alone, (after, prompts[0])
+            for i, (got, *_) in zip(order[1:], others):
+                assert got == alone[i][0], (after, RANDOM_PROMPTS[i])
 
 
 def test_a_state_with_one_token_too_many_changes_every_stream(random_pair, tmp_path):
