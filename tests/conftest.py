@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
-_artifact_dirs: list[Path] = []
+_started: list[float] = []
 
 # scripts/test.sh runs the suite on every core with pytest-xdist, one test file per worker at a time (--dist
 # loadfile: a file's module fixtures, servers and conversions stay in one process). The workers take the files in
@@ -49,15 +50,20 @@ def artifacts_dir():
         d = ARTIFACTS / name
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        _artifact_dirs.append(d)
         return d
 
     return make
 
 
+def pytest_sessionstart(session):
+    _started.append(time.time())
+
+
 def pytest_terminal_summary(terminalreporter):
-    for d in _artifact_dirs:
-        terminalreporter.write_line(f"test artefacts: {d} ({len(list(d.iterdir()))} files)")
+    # the folders this run wrote, read from disk: under pytest-xdist the workers made them, not this process
+    if ARTIFACTS.is_dir():
+        for d in sorted(x for x in ARTIFACTS.iterdir() if x.is_dir() and x.stat().st_mtime >= _started[0]):
+            terminalreporter.write_line(f"test artefacts: {d} ({len(list(d.iterdir()))} files)")
 
 
 @pytest.fixture(scope="session")
