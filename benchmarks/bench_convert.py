@@ -35,8 +35,10 @@ BENCH_SPEC = replace(SPECS["tiny"], hidden=512, layers="LLLFLLLF", heads=8, kv_h
 
 
 def sdist_llama_cpp() -> Path:
-    cache = Path(os.environ.get("GGUFBRIDGE_CACHE", Path.home() / ".cache" / "ggufbridge"))
-    root = cache / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
+    from ggufbridge.files import cache_dir
+    from ggufbridge.runtime.locate import RUNTIME_VERSION
+
+    root = cache_dir() / "src" / f"llama_cpp_python-{RUNTIME_VERSION}" / "vendor" / "llama.cpp"
     if not (root / "convert_hf_to_gguf.py").is_file():
         sys.exit(f"bench_convert: {root} missing — run scripts/build_runtime.sh first")
     return root

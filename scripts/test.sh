@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q -m "not gpu" "$@"
+# every core, one test file per worker at a time (tests/conftest.py orders the files longest first)
+exec .venv/bin/python -m pytest -q -m "not gpu" -n "${PYTEST_WORKERS:-auto}" --dist loadfile "$@"

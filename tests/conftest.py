@@ -8,13 +8,38 @@ of the run).
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
-_artifact_dirs: list[Path] = []
+_started: list[float] = []
+
+# scripts/test.sh runs the suite on every core with pytest-xdist, one test file per worker at a time (--dist
+# loadfile: a file's module fixtures, servers and conversions stay in one process). The workers take the files in
+# collection order, so the ones that take longest go first and the workers finish together; the rest keep their
+# order. Measured with `pytest --durations` (docs/testing.md); a file missing here only starts later.
+LONGEST_FIRST = ("test_served_vision_sweep.py", "test_quant_fit.py", "test_compare_models.py", "test_vision.py",
+                 "test_served_vision.py", "test_fullsize_gguf.py", "test_tokenizer_parity.py", "test_quant.py",
+                 "test_serve.py", "test_convert_parity.py", "test_fault_injection.py", "test_fixtures.py",
+                 "test_mmproj.py", "test_video.py", "test_draft_speculative.py")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A worker per core, so each worker's share of the cores goes to its own torch (intra-op threads) and to the
+    # llama.cpp tools and servers it starts (llama.cpp's common arguments read -t from LLAMA_ARG_THREADS; an explicit
+    # --threads still wins). Without this each takes every core, and on a loaded 2-core box their threads spin at
+    # barriers against each other: a transformers reference of the tiny vision model took 8.9 s instead of 0.3 s.
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    os.environ.setdefault("LLAMA_ARG_THREADS", _share)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: within a file, the file's order
 
 
 @pytest.fixture(scope="session")
@@ -25,15 +50,20 @@ def artifacts_dir():
         d = ARTIFACTS / name
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        _artifact_dirs.append(d)
         return d
 
     return make
 
 
+def pytest_sessionstart(session):
+    _started.append(time.time())
+
+
 def pytest_terminal_summary(terminalreporter):
-    for d in _artifact_dirs:
-        terminalreporter.write_line(f"test artefacts: {d} ({len(list(d.iterdir()))} files)")
+    # the folders this run wrote, read from disk: under pytest-xdist the workers made them, not this process
+    if ARTIFACTS.is_dir():
+        for d in sorted(x for x in ARTIFACTS.iterdir() if x.is_dir() and x.stat().st_mtime >= _started[0]):
+            terminalreporter.write_line(f"test artefacts: {d} ({len(list(d.iterdir()))} files)")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,9 @@
 """benchmarks/make_fullsize_gguf.py: the random-weight full-shape GGUFs behind the H200 measurements (issue 8).
 
 References: gguf-py's dequantiser for the hand-built blocks, llama-quantize's own --dry-run for the Q4_K_M type
-choices, and the pinned runtime (bindings) for loading the files.
+choices, and the pinned runtime (bindings) for loading the files. The files carry the real 248,144-entry vocabulary,
+so they are read back with ggufbridge's header reader (checked against gguf-py's GGUFReader in test_ggufio), not
+GGUFReader itself, which spends ~12 s per file on the vocabulary's metadata before the first tensor.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
+
+from ggufbridge.ggufio.reader import read_header
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "benchmarks" / "make_fullsize_gguf.py")
@@ -49,7 +53,7 @@ def test_blocks_dequantize_to_centred_weights_of_the_intended_scale(qtype, tol):
 
 
 def _types(path: Path) -> dict[str, str]:
-    return {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    return {t.name: t.type for t in read_header(path).tensors}
 
 
 @pytest.mark.slow
@@ -93,16 +97,11 @@ def test_smoke_pair_loads_in_the_runtime_with_the_dspark_coupling(tok_dir, tmp_p
     llm.eval([9707, 1879, 11, 1246])
     logits = np.array(llm.scores[:4])
     assert logits.shape == (4, 248144) and np.isfinite(logits).all() and logits.std() > 0.1
-    kv = {f.name: f for f in GGUFReader(str(art.draft.path)).fields.values()}
-
-    def val(key):
-        f = kv[key]
-        return [f.parts[i].tolist()[0] for i in f.data]
-
+    kv = read_header(art.draft.path).kv
     s = mf.SMOKE
-    assert val("dflash.target_layers") == [t + 1 for t in s.d_taps]
-    assert val("dflash.block_size") == [s.d_block]
-    assert val("tokenizer.ggml.mask_token_id") == [s.d_mask]
+    assert list(kv["dflash.target_layers"]) == [t + 1 for t in s.d_taps]
+    assert kv["dflash.block_size"] == s.d_block
+    assert kv["tokenizer.ggml.mask_token_id"] == s.d_mask
     assert {"markov_w1.weight", "conf_proj.weight"} <= set(_types(art.draft.path))
 
 
@@ -111,16 +110,16 @@ def test_oracle_pair_maps_each_token_to_its_successor_and_drafts_at_the_set_rate
     succ(t), and the draft's Markov head proposes succ(t) except at every period-th token of each cycle."""
     assert mf.main([str(tmp_path), "--tokenizer", str(tok_dir), "--smoke", "--oracle"]) == 0
     o = mf.Oracle(length=8, periods=(1, 2, 4, 0))
-    t = {x.name: x for x in GGUFReader(str(tmp_path / "target.gguf")).tensors}
-    d = {x.name: x for x in GGUFReader(str(tmp_path / "draft.gguf")).tensors}
+    t, d = read_header(tmp_path / "target.gguf"), read_header(tmp_path / "draft.gguf")
 
-    def deq(x):
-        return gguf_quants.dequantize(x.data, x.tensor_type).reshape(tuple(reversed([int(v) for v in x.shape])))
+    def deq(h, name):
+        x = h.tensor(name)
+        return gguf_quants.dequantize(h.tensor_blocks(x), GGMLQuantizationType[x.type]).reshape(x.shape[::-1])
 
-    emb, head = deq(t["token_embd.weight"]), deq(t["output.weight"])
-    w1, w2 = deq(d["markov_w1.weight"]), deq(d["markov_w2.weight"])
+    emb, head = deq(t, "token_embd.weight"), deq(t, "output.weight")
+    w1, w2 = deq(d, "markov_w1.weight"), deq(d, "markov_w2.weight")
     for name in ("blk.0.ssm_out.weight", "blk.3.attn_output.weight", "blk.1.ffn_down_exps.weight"):
-        assert not deq(t[name]).any(), name  # the layers write nothing to the residual stream
+        assert not deq(t, name).any(), name  # the layers write nothing to the residual stream
     wrong = 0
     for c, period in enumerate(o.periods):
         for i, tok in enumerate(o.cycles()[c]):

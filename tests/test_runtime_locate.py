@@ -113,6 +113,18 @@ def test_doctor_refuses_a_bin_dir_that_lacks_things(tmp_path):
     assert "commit deadbee" in res.stdout and "(ggufbridge pins 0c1e57098)" in res.stdout
 
 
+def test_diagnose_from_python_is_what_doctor_prints(tmp_path):
+    """`runtime.doctor.diagnose` is the command's whole report: its lines and problems are what doctor prints."""
+    from ggufbridge.runtime.doctor import diagnose
+
+    b = fake_bin(tmp_path, tools=("llama-server", "llama-cli"))
+    report = diagnose(str(b), sys.executable)
+    assert any(p.startswith("tool llama-quantize") for p in report.problems)
+    res = CliRunner().invoke(cli, ["doctor", "--llama-bin", str(b), "--python", sys.executable])
+    assert res.stdout.splitlines() == [text for text, err in report.lines if not err]
+    assert _problems(res) == [f"problem: {p}" for p in report.problems]
+
+
 def test_doctor_says_whether_the_page_is_there(tmp_path):
     b = fake_bin(tmp_path)
     res = CliRunner().invoke(cli, ["doctor", "--llama-bin", str(b), "--python", sys.executable])

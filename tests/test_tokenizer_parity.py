@@ -15,7 +15,6 @@ import unicodedata
 import pytest
 from gguf import GGUFReader
 
-from ggufbridge.convert import convert
 from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
 from ggufbridge.testkit.vocab import VOCAB_SIZE, marker_ids, reference_encode, reference_encoding
 from ggufbridge.ggufio.tokenizer import CONTROL, UNUSED
@@ -24,9 +23,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def gguf_path(tiny_ckpt, tmp_path_factory):
-    return convert(tiny_ckpt, tmp_path_factory.mktemp("tok"), outtype="f16", progress=False,
-                   mmproj=False).path("target")
+def gguf_path(make_gguf):
+    return make_gguf("tiny", "f16")
+
+
+@pytest.fixture(scope="module")
+def reader(gguf_path):
+    """The file as gguf-py reads it (~12 s for the real vocabulary's arrays: read once for the module)."""
+    return GGUFReader(str(gguf_path))
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +78,8 @@ def test_detokenize_round_trip(llm):
         assert llm.detokenize(_ids(llm, nfc), special=True).decode("utf-8") == nfc
 
 
-def test_tokenizer_metadata(gguf_path):
-    r = GGUFReader(str(gguf_path))
+def test_tokenizer_metadata(reader):
+    r = reader
     f = r.fields
     tokens = [bytes(f["tokenizer.ggml.tokens"].parts[i]).decode() for i in f["tokenizer.ggml.tokens"].data]
     types = [int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data]
@@ -95,12 +99,12 @@ def test_tokenizer_metadata(gguf_path):
     assert f["tokenizer.ggml.add_bos_token"].contents() is False
 
 
-def test_chat_template_thinks_by_default(gguf_path, tiny_ckpt):
+def test_chat_template_thinks_by_default(reader, tiny_ckpt):
     """The template the runtime gets renders like transformers' own apply_chat_template, thinking on by default."""
     import jinja2
     from transformers import AutoTokenizer
 
-    template = GGUFReader(str(gguf_path)).fields["tokenizer.chat_template"].contents()
+    template = reader.fields["tokenizer.chat_template"].contents()
     msgs = [{"role": "user", "content": "Hi"}]
     hf = AutoTokenizer.from_pretrained(str(tiny_ckpt)).apply_chat_template(msgs, tokenize=False,
                                                                             add_generation_prompt=True)

@@ -80,7 +80,7 @@ def thw(tmp_path_factory):
     """A checkpoint whose M-RoPE rotates t, h and w, converted: text F32, mmproj F32 (16x), and a 4x mmproj."""
     from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
 
-    ck = make_minicpmv47(tmp_path_factory.mktemp("thw-ck"), SPEC_THW)
+    ck = make_minicpmv47(tmp_path_factory.mktemp("thw-ck"), SPEC_THW, vocab="small")  # not about the vocabulary
     res = convert(ck, tmp_path_factory.mktemp("thw-out"), outtype="f32", mmproj_outtype="f32", progress=False)
     res4 = convert(ck, tmp_path_factory.mktemp("thw-out4"), outtype="f32", mmproj_outtype="f32", downsample="4x",
                    progress=False)

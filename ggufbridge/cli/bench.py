@@ -42,50 +42,36 @@ def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file
     match, for each prompt length (or each of your --prompts); write JSON, a Markdown table and a PNG plot.
     With --concurrency: the same for many clients at once, per number of concurrent streams."""
     from ggufbridge.runtime import benchmark as bn
+    from ggufbridge.runtime import concurrency as cc
     from ggufbridge.runtime.recipes import MAX_DRAFT_N
 
-    if concurrency is not None:
-        _concurrency(model, concurrency, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
-                     repeats, threads, out, llama_bin, timeout)
-        return
-    prompts = bn.load_prompts(prompts_file) if prompts_file else None
-    lengths = bn.parse_lengths(prompt_lengths or "1k,2k,4k,8k")
-    sweep = bn.parse_n_max(draft_n_max, MAX_DRAFT_N) if draft_n_max else []
-    if sweep and not draft:
-        raise click.UsageError("--draft-n-max needs --draft")
+    if concurrency is None:
+        prompts = bn.load_prompts(prompts_file) if prompts_file else None
+        lengths = bn.parse_lengths(prompt_lengths or "1k,2k,4k,8k")
+        sweep = bn.parse_n_max(draft_n_max, MAX_DRAFT_N) if draft_n_max else []
+        if sweep and not draft:
+            raise click.UsageError("--draft-n-max needs --draft")
+    else:
+        for flag, given in (("--prompts", prompts_file), ("--draft-n-max", draft_n_max), ("--repeats", repeats != 1)):
+            if given:
+                raise click.UsageError(f"{flag} does not go with --concurrency")
+        levels = cc.parse_levels(concurrency)
+        lengths = bn.parse_lengths(prompt_lengths or "1k")
+        if len(lengths) != 1:
+            raise click.UsageError(f"--concurrency takes one --prompt-lengths value, found {prompt_lengths!r}")
     dest = Path(out) if out else bn.default_dir(model)
-    result = bn.bench(model, prompt_lengths=lengths, draft=draft, draft_n_max=sweep, prompts=prompts,
-                      recipe=recipe_name, n_predict=n_predict, repeats=repeats, threads=threads, log_dir=dest,
-                      llama_bin=llama_bin, timeout=timeout,
-                      on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True))
-    paths = bn.write_outputs(result, dest)
-    click.echo(bn.markdown(result))
-    for kind, p in paths.items():
-        click.echo(f"{kind}: {p}")
-
-
-def _concurrency(model, levels_text, prompt_lengths, draft, draft_n_max, prompts_file, recipe_name, n_predict,
-                 repeats, threads, out, llama_bin, timeout):
-    """bench --concurrency (`ggufbridge.runtime.concurrency.bench_concurrency`)."""
-    from ggufbridge.runtime import benchmark as bn
-    from ggufbridge.runtime import concurrency as cc
-
-    for flag, given in (("--prompts", prompts_file), ("--draft-n-max", draft_n_max), ("--repeats", repeats != 1)):
-        if given:
-            raise click.UsageError(f"{flag} does not go with --concurrency")
-    levels = cc.parse_levels(levels_text)
-    lengths = bn.parse_lengths(prompt_lengths or "1k")
-    if len(lengths) != 1:
-        raise click.UsageError(f"--concurrency takes one --prompt-lengths value, found {prompt_lengths!r}")
-    dest = Path(out) if out else bn.default_dir(model)
-    with click.progressbar(length=len(levels) * (2 if draft else 1), label="concurrency levels",
-                           file=sys.stderr) as bar:
-        result = cc.bench_concurrency(model, levels=levels, prompt_tokens=lengths[0], n_predict=n_predict,
-                                      draft=draft, recipe=recipe_name, threads=threads, log_dir=dest,
-                                      llama_bin=llama_bin, timeout=timeout,
-                                      on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True),
-                                      on_level=lambda mode, level: bar.update(1))
-    paths = cc.write_outputs(result, dest)
-    click.echo(cc.markdown(result))
+    common = dict(draft=draft, recipe=recipe_name, n_predict=n_predict, threads=threads, log_dir=dest,
+                  llama_bin=llama_bin, timeout=timeout,
+                  on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True))
+    if concurrency is None:
+        lib, result = bn, bn.bench(model, prompt_lengths=lengths, draft_n_max=sweep, prompts=prompts, repeats=repeats,
+                                   **common)
+    else:
+        with click.progressbar(length=len(levels) * (2 if draft else 1), label="concurrency levels",
+                               file=sys.stderr) as bar:
+            lib, result = cc, cc.bench_concurrency(model, levels=levels, prompt_tokens=lengths[0],
+                                                   on_level=lambda mode, level: bar.update(1), **common)
+    paths = lib.write_outputs(result, dest)
+    click.echo(lib.markdown(result))
     for kind, p in paths.items():
         click.echo(f"{kind}: {p}")

@@ -72,11 +72,11 @@ def allocate(options: dict[str, list[Option]], budget: int, grid: int = GRID) ->
             w = -(-o.bytes // q)
             if w > cells:
                 continue
-            cand = np.full(cells + 1, np.inf)
-            cand[w:] = best[: cells + 1 - w] + o.kl
-            better = cand < new
-            new[better] = cand[better]
-            pick[i, better] = j
+            cand = best[: cells + 1 - w] + o.kl  # cells w.. only: below w the option does not fit
+            tail, tail_pick = new[w:], pick[i, w:]  # views: updated in place
+            better = cand < tail
+            tail[better] = cand[better]
+            tail_pick[better] = j
         best = new
     if not np.isfinite(best[cells]):  # the rounding made the smallest mix too large: fall back to the walk
         return allocate_greedy(options, budget)
