@@ -79,7 +79,8 @@ def cmd_exact(a) -> None:
     depth = bn.parse_lengths(a.depth)[0]
     ctx = max(8192, depth + a.n_predict + 256)
     bins = a.bins.split(",")
-    envs = [dict(kv.split("=", 1) for kv in e.split(";") if kv) for e in (a.envs.split(",") if a.envs else [""] * len(bins))]
+    env_specs = a.envs.split(",") if a.envs else [""] * len(bins)
+    envs = [dict(kv.split("=", 1) for kv in e.split(";") if kv) for e in env_specs]
     if len(envs) != len(bins):
         sys.exit("--envs: one entry per --bins entry")
     runs = []
