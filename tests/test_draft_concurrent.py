@@ -185,12 +185,19 @@ def test_drafted_streams_joining_a_drafting_one_equal_target_only(random_pair, t
     with llama_server(target, draft, extra=N_MAX, log_path=tmp_path / "server-join.log",
                       slots=_slot_args(target)) as url:
         for after in (4, 16, 48):
-            (text, timings, end), others = _join_a_stream(url, prompts, n_first, after)
-            assert max(o[2] for o in others) < end, f"after {after} tokens: the others started after the first ended"
-            assert timings.get("draft_n", 0) > 0, timings
-            assert text == first_alone, (after, prompts[0])
-            for i, (got, *_) in zip(order[1:], others):
-                assert got == alone[i][0], (after, RANDOM_PROMPTS[i])
+            # a round counts once the others really started while the first stream ran; a loaded machine can wake
+            # their threads late (seen once: 7 ms after it ended), so such a round is run again, up to 3 times.
+            # Every round's output is checked, overlapping or not
+            for _ in range(3):
+                (text, timings, end), others = _join_a_stream(url, prompts, n_first, after)
+                assert timings.get("draft_n", 0) > 0, timings
+                assert text == first_alone, (after, prompts[0])
+                for i, (got, *_) in zip(order[1:], others):
+                    assert got == alone[i][0], (after, RANDOM_PROMPTS[i])
+                if max(o[2] for o in others) < end:
+                    break
+            else:
+                pytest.fail(f"after {after} tokens: in 3 rounds the others never started before the first ended")
 
 
 def test_a_state_with_one_token_too_many_changes_every_stream(random_pair, tmp_path):
