@@ -134,6 +134,20 @@ def make_gguf(make_ckpt, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def oracle_pair(tmp_path_factory):
+    """(pair, ConversionResult) of the oracle target/draft pair (fx.make_oracle_pair: t -> succ(t) by construction,
+    the draft's Markov head knows it), converted once per session for the drafting tests (read-only)."""
+    from ggufbridge.convert import convert
+    from ggufbridge.testkit import dspark as fx
+
+    root = tmp_path_factory.mktemp("oracle")
+    pair = fx.make_oracle_pair(root)
+    res = convert(pair.target_dir, root / "out", outtype="f32", draft=pair.draft_dir, draft_outtype="f16",
+                  mmproj=False, progress=False)
+    return pair, res
+
+
+@pytest.fixture(scope="session")
 def ksafe_bf16(make_ckpt, make_gguf):
     """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model (every row a multiple of 256),
     converted once for test_quant and test_quant_fit (both only read it: their outputs go to tmp_path)."""

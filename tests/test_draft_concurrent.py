@@ -250,17 +250,9 @@ def test_partly_accepted_drafts_on_four_streams_equal_target_only(random_pair, t
     assert drafted > 0 and 0.2 < accepted / drafted < 0.9, (accepted, drafted)
 
 
-@pytest.fixture(scope="module")
-def oracle_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("concurrent-oracle")
-    pair = fx.make_oracle_pair(root)
-    res = convert(pair.target_dir, root / "out", outtype="f32", draft=pair.draft_dir, draft_outtype="f16",
-                  mmproj=False, progress=False)
-    return pair, res.path("target"), res.path("draft")
-
-
 def test_four_oracle_streams_draft_and_follow_the_oracle(oracle_pair, tmp_path):
-    pair, target, draft = oracle_pair
+    pair, res = oracle_pair
+    target, draft = res.path("target"), res.path("draft")
     spec, log = _serve(target, draft, tmp_path, "oracle4", ORACLE_PROMPTS, concurrent=True)
     _check_concurrent(spec, log)
     for prompt, (got, timings, *_) in zip(ORACLE_PROMPTS, spec):

@@ -67,27 +67,18 @@ def test_random_draft_keeps_greedy_output(target, plain, tmp_path, spec, schema,
     assert "adding speculative implementation 'draft-dspark'" in log
 
 
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    root = tmp_path_factory.mktemp("oracle")
-    pair = fx.make_oracle_pair(root)
-    res = convert(pair.target_dir, root / "out", outtype="f32", draft=pair.draft_dir, draft_outtype="f16",
-                  mmproj=False, progress=False)
-    return pair, res, root
-
-
 ORACLE_PROMPTS = ["Hello world", [1, 2, 3, 4, 5], [150], [163], "abc def"]
 
 
 @pytest.fixture(scope="module")
-def oracle_plain(oracle, tmp_path_factory):
+def oracle_plain(oracle_pair, tmp_path_factory):
     """The oracle target's greedy output without a draft: what every drafted run below must reproduce."""
-    _, res, _ = oracle
+    _, res = oracle_pair
     return _run(res.path("target"), None, tmp_path_factory.mktemp("oracle-plain"), "plain", ORACLE_PROMPTS)
 
 
-def test_oracle_pair_drafts_are_accepted(oracle, oracle_plain, tmp_path):
-    pair, res, _ = oracle
+def test_oracle_pair_drafts_are_accepted(oracle_pair, oracle_plain, tmp_path):
+    pair, res = oracle_pair
     plain = oracle_plain
     spec = _run(res.path("target"), res.path("draft"), tmp_path, "spec", ORACLE_PROMPTS)
     drafted = accepted = 0
@@ -104,9 +95,9 @@ def test_oracle_pair_drafts_are_accepted(oracle, oracle_plain, tmp_path):
     assert accepted / drafted > 0.5, (accepted, drafted)
 
 
-def test_wrong_markov_map_gets_nothing_accepted(oracle, oracle_plain, tmp_path):
+def test_wrong_markov_map_gets_nothing_accepted(oracle_pair, oracle_plain, tmp_path):
     """Control: the same pair with the draft's Markov head shifted by one (t → succ(succ(t)))."""
-    pair, res, root = oracle
+    pair, _ = oracle_pair
     spec = replace(pair.draft_spec)
     import json
 
@@ -131,12 +122,12 @@ def test_wrong_markov_map_gets_nothing_accepted(oracle, oracle_plain, tmp_path):
 
 
 @pytest.mark.parametrize("bias,accepts", [(10.0, True), (-10.0, False)])
-def test_confidence_head_gates_drafting(oracle, oracle_plain, tmp_path, bias, accepts):
+def test_confidence_head_gates_drafting(oracle_pair, oracle_plain, tmp_path, bias, accepts):
     """With --spec-draft-p-min the runtime stops drafting where sigmoid(conf_proj · [h; w1[prev]] + b) < p_min:
     a confident head keeps the oracle's drafts, an unconfident one suppresses every draft."""
     import json
 
-    pair, _, _ = oracle
+    pair, _ = oracle_pair
     cfg = json.loads((pair.draft_dir / "config.json").read_text())
     text = json.loads((pair.target_dir / "config.json").read_text())["text_config"]
     t = fx.oracle_draft_tensors(pair.draft_spec, text["hidden_size"], text["vocab_size"], pair.lo, pair.n)
