@@ -150,11 +150,9 @@ def cmd_drafted(a) -> None:
             before = sv.metrics(srv.url)
             ttft, _, t = sv.complete_stream(srv.url, ids, a.n_predict)
             after = sv.metrics(srv.url)
-            rounds = after.get("spec_decode_num_drafts_total", 0) - before.get("spec_decode_num_drafts_total", 0)
             row = {"prompt_tokens": len(ids), "prefill_tok_s": t["prompt_per_second"],
                    "decode_tok_s": t["predicted_per_second"], "ttft_s": ttft, "predicted": t["predicted_n"],
-                   "draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"), "rounds": rounds,
-                   "accepted_per_round": (t.get("draft_n_accepted") or 0) / rounds if rounds else None}
+                   **rb.draft_stats(before, after, t)}
             rec["rows"].append(row)
             print(f"[{a.tag}] {json.dumps(row)}", flush=True)
     except Exception as e:

@@ -131,6 +131,14 @@ def append(path: Path, rec: dict) -> None:
     tmp.replace(path)
 
 
+def draft_stats(before: dict, after: dict, t: dict) -> dict:
+    """What a drafted request's timings and the server's /metrics before and after it say of drafting: drafted and
+    accepted tokens, draft rounds, accepted per round."""
+    rounds = after.get("spec_decode_num_drafts_total", 0) - before.get("spec_decode_num_drafts_total", 0)
+    return {"draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"), "rounds": rounds,
+            "accepted_per_round": (t.get("draft_n_accepted") or 0) / rounds if rounds else None}
+
+
 def user_recipe(base: str, overrides: str, dest: Path) -> str:
     """A recipe file `base = BASE` plus TOML overrides (the users' way to change a packaged recipe)."""
     f = dest / f"{base}-{abs(hash(overrides)) % 10**8}.toml"
@@ -228,10 +236,8 @@ def cmd_draft(a) -> None:
                 before = sv.metrics(srv.url)
                 _, _, t = sv.complete_stream(srv.url, cycles[c][:8], a.n_predict)
                 after = sv.metrics(srv.url)
-                rounds = after.get("spec_decode_num_drafts_total", 0) - before.get("spec_decode_num_drafts_total", 0)
                 row = {"period": period, "decode_tok_s": t["predicted_per_second"], "predicted": t["predicted_n"],
-                       "draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"), "rounds": rounds,
-                       "accepted_per_round": (t.get("draft_n_accepted") or 0) / rounds if rounds else None}
+                       **draft_stats(before, after, t)}
                 rec["rows"].append(row)
                 print(f"[{tag}] {json.dumps(row)}", flush=True)
         except Exception as e:
