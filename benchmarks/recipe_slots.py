@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How many slots each hardware recipe holds at its own context (issue 28): the planner on the real 35B-A3B shapes
-of each recipe's file (scripts/recipes_report.py's full-shape tensors, no data), for 1..16 slots, target only and
+of each recipe's file (recipes_report.py's full-shape tensors, no data), for 1..16 slots, target only and
 with the DSpark draft. Prints the Markdown table of docs/benchmarks.md ("Slots per recipe").
 
     .venv/bin/python benchmarks/recipe_slots.py
@@ -8,23 +8,15 @@ with the DSpark draft. Prints the Markdown table of docs/benchmarks.md ("Slots p
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
 GIB = 1024**3
 # the file each recipe names first (its `quant` line), as make_fullsize_gguf.py writes it
 FILES = {"rtx4090": "hq3m", "spark": "q8_0", "spark-x2": "bf16", "h200": "q4_k_m", "cpu": "q8_0"}
 DRAFT_BYTES = int(0.81 * GIB)  # make_fullsize_gguf.py's DSpark draft, F16 (docs/benchmarks.md, "GPU (H200)")
-
-
-def _report():
-    spec = importlib.util.spec_from_file_location("recipes_report", ROOT / "scripts" / "recipes_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["recipes_report"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def most_slots(target, recipe, *, draft=None, top=16) -> tuple[int, object]:
@@ -50,7 +42,7 @@ def main() -> int:
     from ggufbridge.runtime import memory as pl
     from ggufbridge.runtime.recipes import load_recipe
 
-    rr = _report()
+    import recipes_report as rr  # beside this file (sys.path above)
     draft = pl.DraftShape(n_layer=5, n_head_kv=2, key_length=256, value_length=256, weight_bytes=DRAFT_BYTES,
                           block_size=15)
     rows = ["| recipe | file | context per slot | slots that fit (of 16), experts where one slot has them | "

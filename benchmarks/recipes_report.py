@@ -10,23 +10,15 @@ from the bytes each file's tensors make a decode step read (routed experts: top-
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
 GIB, MIB = 1024**3, 1024**2
 SPARK_BW = 273e9     # DGX Spark LPDDR5x, bytes/s (vendor figure)
 H200_BW = 4.8e12     # H200 HBM3e, bytes/s (vendor figure)
-
-
-def _fullsize():
-    spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "benchmarks" / "make_fullsize_gguf.py")
-    mf = importlib.util.module_from_spec(spec)
-    sys.modules["make_fullsize_gguf"] = mf
-    spec.loader.exec_module(mf)
-    return mf
 
 
 def fullshape_tensors(quant: str, layers: int = 40):
@@ -36,7 +28,7 @@ def fullshape_tensors(quant: str, layers: int = 40):
     from ggufbridge.arch import qwen35moe as qm
     from ggufbridge.ggufio.plan import ConversionPlan
 
-    mf = _fullsize()
+    import make_fullsize_gguf as mf  # beside this file (sys.path above)
     s = replace(mf.Shape(), layers="LLLF" * (layers // 4))
     p = qm.TextParams(
         vocab_size=s.vocab, hidden=s.hidden, n_layer=len(s.layers), n_head=s.heads, n_head_kv=s.kv_heads,
