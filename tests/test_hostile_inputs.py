@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from _slow_convert import start_slow_convert
+
 from ggufbridge.testkit.vision import png_of_size as _png
 from ggufbridge import errors
 from ggufbridge.cli import cli
@@ -305,35 +307,11 @@ def test_numeric_options_refuse_nan_inf_and_absurd_sizes(converted, args):
 
 # --- 2. concurrent runs into one folder ----------------------------------------------------------------------------
 
-_SLOW_CONVERT = """
-import sys, time
-from ggufbridge.ggufio import writer
-real = writer.encode
-def slow(*a, **kw):
-    time.sleep(0.05)
-    return real(*a, **kw)
-writer.encode = slow
-sys.argv = ["ggufbridge"] + sys.argv[1:]
-import ggufbridge.__main__ as m
-m.main()
-"""
-
-
-def _start_slow_convert(ckpt: Path, out: Path) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", _SLOW_CONVERT, "convert", str(ckpt), "-o", str(out),
-                          "--no-progress", "--outtype", "f32", "--no-mmproj"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-    deadline = time.monotonic() + 120
-    while not (out.is_dir() and any(x.name.endswith(".part") for x in out.iterdir())):
-        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-        time.sleep(0.02)
-    return p
-
 
 def test_second_concurrent_convert_fails_fast_naming_the_holder(small_ckpt, tmp_path):
     """Two runs into one empty folder both exited 0: the second deleted the first's output ("replaced by --force")."""
     out = tmp_path / "out"
-    first = _start_slow_convert(small_ckpt, out)
+    first = start_slow_convert(small_ckpt, out, "--no-mmproj")
     try:
         t0 = time.monotonic()
         second = subprocess.run([sys.executable, "-m", "ggufbridge", "convert", str(small_ckpt), "-o", str(out),

@@ -14,12 +14,13 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
+from _slow_convert import start_slow_convert
 
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
@@ -90,34 +91,9 @@ def test_sigterm_takes_the_ctrl_c_cleanup_path(small_ckpt, tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the command's only
 
 
-_SLOW_CONVERT = """
-import sys, time
-from ggufbridge.ggufio import writer
-real = writer.encode
-def slow(*a, **kw):
-    time.sleep(0.05)
-    return real(*a, **kw)
-writer.encode = slow
-from ggufbridge.cli import main
-sys.argv = ["ggufbridge"] + sys.argv[1:]
-main()
-"""
-
-
-def _start_slow_convert(ckpt: Path, out: Path) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", _SLOW_CONVERT, "convert", str(ckpt), "-o", str(out),
-                          "--no-progress", "--outtype", "f32"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (out.is_dir() and any(x.name.endswith(".part") for x in out.iterdir())):
-        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-        time.sleep(0.02)
-    return p
-
-
 def test_sigterm_to_a_real_process_leaves_nothing(small_ckpt, tmp_path):
     out = tmp_path / "out"
-    p = _start_slow_convert(small_ckpt, out)
+    p = start_slow_convert(small_ckpt, out)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err
@@ -129,7 +105,7 @@ def test_sigkill_leftovers_are_removed_by_the_next_run(small_ckpt, tmp_path, cap
     """SIGKILL runs no handler: its `.part` file stays until the next run, which removes it and says so (the pid
     in the name is not running). A killed `--quant` leaves its intermediate under the same kind of name."""
     out = tmp_path / "out"
-    p = _start_slow_convert(small_ckpt, out)
+    p = start_slow_convert(small_ckpt, out)
     p.kill()
     p.communicate(timeout=60)
     left = [x for x in out.iterdir() if x.name.endswith(".part")]
