@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
+from _cores import THREADS
 
 
 def hf_model(model_dir, dtype: str = "float32"):
@@ -47,7 +47,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 def gguf_model(path: Path, n_ctx: int = 512):
     from llama_cpp import Llama
 
-    return Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=min(4, os.cpu_count() or 1))
+    return Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=THREADS)
 
 
 def gguf_logits(llm, ids: list[int]) -> np.ndarray:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from _cores import worker_share
+
 ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
 _started: list[float] = []
 
@@ -27,14 +29,17 @@ LONGEST_FIRST = ("test_served_vision_sweep.py", "test_quant_fit.py", "test_compa
                  "test_serve.py", "test_convert_parity.py", "test_fault_injection.py", "test_fixtures.py",
                  "test_mmproj.py", "test_video.py", "test_draft_speculative.py")
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # A worker per core, so each worker's share of the cores goes to its own torch (intra-op threads) and to the
-    # llama.cpp tools and servers it starts (llama.cpp's common arguments read -t from LLAMA_ARG_THREADS; an explicit
-    # --threads still wins). Without this each takes every core, and on a loaded 2-core box their threads spin at
-    # barriers against each other: a transformers reference of the tiny vision model took 8.9 s instead of 0.3 s.
-    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
-    os.environ.setdefault("OMP_NUM_THREADS", _share)
-    os.environ.setdefault("LLAMA_ARG_THREADS", _share)
+if worker_share():
+    # each worker's torch, tokenizers and the llama.cpp tools it starts get its share of the cores (tests/_cores.py)
+    for _var in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", "LLAMA_ARG_THREADS"):
+        os.environ.setdefault(_var, str(worker_share()))
+
+
+def pytest_configure(config):
+    # pytest-xdist (3.6+) hands out the files with the most tests first unless told to keep the collection order,
+    # which is ours: LONGEST_FIRST (a file of 200 quick parsers first, a 35 s one last, was the default)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):

@@ -12,6 +12,7 @@ from ggufbridge.errors import GGUFBridgeError
 from ggufbridge.runtime.benchmark import parse_lengths
 
 from _runtime_models import converted
+from _cores import THREADS
 
 
 @pytest.mark.parametrize("text, expected", [("1k,2k,8k", [1024, 2048, 8192]), ("64, 16", [16, 64]),
@@ -31,7 +32,7 @@ def test_bench_target_vs_draft(make_ckpt, tmp_path_factory, tmp_path):
     model = converted(make_ckpt, tmp_path_factory, with_draft=True)
     out = tmp_path / "bench"
     res = CliRunner().invoke(cli, ["bench", str(model), "--draft", "--prompt-lengths", "32,96", "-n", "12",
-                                   "--threads", "2", "-o", str(out)])
+                                   "--threads", str(THREADS), "-o", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "bench.json").read_text())
     assert data["prompt_lengths"] == [32, 96] and data["runtime"]["commit"] == "0c1e570"
@@ -87,7 +88,7 @@ def test_bench_draft_on_the_users_prompts_picks_n_max(make_ckpt, tmp_path_factor
     prompts.write_text('"The capital of France is"\n\n{"prompt": "def fib(n):\\n    return"}\n')
     out = tmp_path / "bench"
     res = CliRunner().invoke(cli, ["bench", str(model), "--draft", "--draft-n-max", "2,3", "--prompts", str(prompts),
-                                   "-n", "12", "--threads", "2", "-o", str(out)])
+                                   "-n", "12", "--threads", str(THREADS), "-o", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "bench.json").read_text())
     assert data["prompts"] == ["The capital of France is", "def fib(n):\n    return"]

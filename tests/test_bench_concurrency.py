@@ -21,6 +21,7 @@ from ggufbridge.errors import GGUFBridgeError
 from ggufbridge.runtime import concurrency as cc
 
 from _runtime_models import converted
+from _cores import THREADS
 
 
 @pytest.mark.parametrize("text,levels", [("1,2,4,8,16", [1, 2, 4, 8, 16]), ("4, 1", [1, 4]), ("256", [256])])
@@ -59,7 +60,7 @@ def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
     dest = tmp_path / "b"
     n = 16
     res = CliRunner().invoke(cli, ["bench", str(model), "--concurrency", "1,2,4", "--draft", "--prompt-lengths", "48",
-                                   "-n", str(n), "--threads", "2", "-o", str(dest)])
+                                   "-n", str(n), "--threads", str(THREADS), "-o", str(dest)])
     assert res.exit_code == 0, res.output
     result = json.loads((dest / "concurrency.json").read_text())
     assert (dest / "concurrency.png").stat().st_size > 0

@@ -28,6 +28,7 @@ from _templates import converted_with_template
 from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import server as sv
+from _cores import THREADS
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,7 @@ def served(make_ckpt, tmp_path_factory, media):
     _runtime_with_page()
     out = converted_with_template(make_ckpt, tmp_path_factory)[1]
     console = tmp_path_factory.mktemp("page") / "serve.console"
-    srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "4096", "--threads", "2", "--api-key", KEY,
+    srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "4096", "--threads", str(THREADS), "--api-key", KEY,
                         "--media-path", str(media), timeout=180, env=dict(os.environ, PYTHONPATH=str(REPO)))
     # serve prints the page's address beside the API's (once /health answers: wait for its ready line)
     deadline = time.monotonic() + 60

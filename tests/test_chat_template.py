@@ -23,6 +23,7 @@ from ggufbridge.runtime import server as sv
 from ggufbridge.runtime.session import prepare
 
 from _templates import QWEN35_TEMPLATE, converted_with_template
+from _cores import THREADS
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +119,7 @@ def rendered(request, make_ckpt, tmp_path_factory):
         for think in (False, True):
             port = sv.free_port()
             argv = sv.server_argv(s.rt.bin_dir / "llama-server", s.recipe, s.plan, s.art,
-                                  sv.ServeOptions(port=port, think=think, threads=2, metrics=False))
+                                  sv.ServeOptions(port=port, think=think, threads=THREADS, metrics=False))
             srv = sv.Server(argv, "127.0.0.1", port, tmp_path_factory.mktemp("logs") / "server.log",
                             env=s.rt.env()).start()
             servers.append(srv)

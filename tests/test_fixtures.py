@@ -119,7 +119,8 @@ def test_every_token_text_encodes_like_tiktoken_except_unreachable():
             texts.append(text)
     assert len(texts) > 200_000
     got = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
-    want = enc.encode_ordinary_batch(texts)
+    # one call per text: encode_ordinary_batch's thread pool takes 10 s of futures for these 0.4 s of encoding
+    want = [enc.encode_ordinary(t) for t in texts]
     differing = {t.encode() for t, a, b in zip(texts, got, want) if a != b}
     unreachable = set(unreachable_tokens())
     assert differing <= unreachable

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from ggufbridge.ggufio.reader import read_header
+from _cores import THREADS
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "benchmarks" / "make_fullsize_gguf.py")
@@ -93,7 +94,7 @@ def test_smoke_pair_loads_in_the_runtime_with_the_dspark_coupling(tok_dir, tmp_p
 
     assert mf.main([str(tmp_path), "--tokenizer", str(tok_dir), "--smoke"]) == 0
     art = load_artifacts(tmp_path, verify_hashes=True)  # manifest sizes and the writer's hashes hold
-    llm = Llama(str(art.target.path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    llm = Llama(str(art.target.path), n_ctx=64, n_threads=THREADS, logits_all=True, verbose=False)
     llm.eval([9707, 1879, 11, 1246])
     logits = np.array(llm.scores[:4])
     assert logits.shape == (4, 248144) and np.isfinite(logits).all() and logits.std() > 0.1

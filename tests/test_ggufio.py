@@ -23,6 +23,8 @@ def gguf_file(tmp_path):
     w.add_uint32("qwen35moe.block_count", 3)
     w.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(1000)])
     w.add_array("qwen35moe.attention.recurrent_layers", [True, False, True])
+    w.add_array("tokenizer.ggml.token_type", [1, 3, 6, 5])
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
     w.add_string("ggufbridge.quant.recipe", "hq4")
     tensors = {
         "a.f32": rng.standard_normal((3, 5)).astype(np.float32),
@@ -53,6 +55,9 @@ def test_header_matches_gguf_reader(gguf_file):
         assert np.array_equal(h.tensor_data(t), np.asarray(r.data).reshape(-1).view(np.uint8))
     assert h.kv["tokenizer.ggml.tokens"] == ref.fields["tokenizer.ggml.tokens"].contents()
     assert [bool(x) for x in h.kv["qwen35moe.attention.recurrent_layers"]] == [True, False, True]
+    types = ref.fields["tokenizer.ggml.token_type"].contents()
+    assert [int(x) for x in h.kv["tokenizer.ggml.token_type"]] == types == [1, 3, 6, 5]
+    assert h.kv["tokenizer.ggml.add_bos_token"] is ref.fields["tokenizer.ggml.add_bos_token"].contents() is False
     assert h.kv["ggufbridge.quant.recipe"] == "hq4"
 
 

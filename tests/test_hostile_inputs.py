@@ -27,6 +27,7 @@ from ggufbridge.testkit.vision import png_of_size as _png
 from ggufbridge import errors
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
+from _cores import THREADS
 
 REPO = Path(__file__).resolve().parents[1]
 DEEP = "[" * 50_000 + "]" * 50_000  # past Python's recursion limit in every parser
@@ -485,7 +486,7 @@ def test_server_refuses_an_image_bomb_before_decoding_and_says_image(make_ckpt, 
     with pytest.raises(errors.VisionInputError, match="more than the limit"):
         load_image(path)  # run --image: the same bound
     console = tmp_path_factory.mktemp("bomb-serve") / "console.log"
-    srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "2048", "--threads", "2")
+    srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "2048", "--threads", str(THREADS))
     try:
         for png, words in ((bomb, ("image", "more than the limit")), (_png(64, 64, truncate=True), ("image",))):
             body = {"messages": [{"role": "user", "content": [

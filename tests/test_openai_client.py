@@ -16,6 +16,7 @@ import pytest
 
 from _runtime_models import serve_process
 from _templates import converted_with_template
+from _cores import THREADS
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ class Serving:
     """`python -m ggufbridge serve OUT ...` as a subprocess; stopped (SIGTERM to its group) at the end."""
 
     def __init__(self, out: Path, console: Path, *args: str):
-        self.srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "2048", "--threads", "2",
+        self.srv = serve_process(out, console, "--recipe", "cpu", "--ctx", "2048", "--threads", str(THREADS),
                                  "--api-key", KEY, *args, timeout=120,
                                  env=dict(os.environ, PYTHONPATH=str(REPO)))
         self.url = self.srv.url

@@ -20,6 +20,7 @@ from gguf import GGUFReader
 from ggufbridge.cli import cli
 from ggufbridge.convert import convert
 from ggufbridge.errors import QuantError
+from _cores import THREADS
 
 # GGUF tensor name (suffix) → recipe class, written out here independently of ggufbridge.quant.classes
 SUFFIX_CLASS = [
@@ -78,7 +79,7 @@ def test_recipe_types_are_the_recipe_s_and_llama_cpp_generates(ksafe_bf16, tmp_p
     _, src = ksafe_bf16
     want = mix_toml(recipe)["types"]
     out = tmp_path / f"{recipe}.gguf"
-    res = quantize_file(src, out, mix=recipe, threads=2)
+    res = quantize_file(src, out, mix=recipe, threads=THREADS)
     got = stored(out)
     before = stored(src)
     assert set(got) == set(before)
@@ -100,8 +101,8 @@ def test_hq4_is_not_larger_than_q4_k_m(ksafe_bf16, tmp_path):
     from ggufbridge.quant import quantize_file
 
     _, src = ksafe_bf16
-    a = quantize_file(src, tmp_path / "hq4.gguf", mix="hq4", threads=2).path.stat().st_size
-    b = quantize_file(src, tmp_path / "q4km.gguf", quant="Q4_K_M", threads=2).path.stat().st_size
+    a = quantize_file(src, tmp_path / "hq4.gguf", mix="hq4", threads=THREADS).path.stat().st_size
+    b = quantize_file(src, tmp_path / "q4km.gguf", quant="Q4_K_M", threads=THREADS).path.stat().st_size
     assert a <= b
 
 
@@ -112,7 +113,7 @@ def test_llama_cpp_types_load_and_generate(ksafe_bf16, tmp_path, quant):
 
     _, src = ksafe_bf16
     out = tmp_path / f"{quant}.gguf"
-    res = quantize_file(src, out, quant=quant.lower(), threads=2)  # spelling is case-insensitive
+    res = quantize_file(src, out, quant=quant.lower(), threads=THREADS)  # spelling is case-insensitive
     got = stored(out)
     kept = {"norms", "router", "shared_expert_gate", "ssm_params"}
     for name, (t, _, _) in got.items():
@@ -145,7 +146,7 @@ def test_rows_that_are_not_whole_blocks_fall_back_and_are_reported(tiny_bf16, tm
     exp = _fallback_expectation(src, mix_toml("hq4"))
     assert exp  # the tiny model has such rows
     out = tmp_path / "tiny-hq4.gguf"
-    res = quantize_file(src, out, mix="hq4", threads=2)
+    res = quantize_file(src, out, mix="hq4", threads=THREADS)
     got = stored(out)
     for name, t in exp.items():
         assert got[name][0] == t, name
@@ -160,7 +161,7 @@ def test_llama_quantize_fallbacks_of_a_file_type_are_reported(tiny_bf16, tmp_pat
     from ggufbridge.quant import quantize_file
 
     _, src = tiny_bf16
-    res = quantize_file(src, tmp_path / "tiny-q4km.gguf", quant="Q4_K_M", threads=2)
+    res = quantize_file(src, tmp_path / "tiny-q4km.gguf", quant="Q4_K_M", threads=THREADS)
     got = stored(res.path)
     # every tensor llama.cpp reported as fell-back is stored in a 32-block (or F16) type, and vice versa none of
     # the K-quant types ended up on a row that is not whole blocks
@@ -180,14 +181,14 @@ def test_imatrix_and_a_type_that_needs_it(ksafe_bf16, tmp_path):
 
     _, src = ksafe_bf16
     with pytest.raises(QuantError, match="importance matrix"):
-        quantize_file(src, tmp_path / "x.gguf", quant="IQ2_XS", threads=2)
+        quantize_file(src, tmp_path / "x.gguf", quant="IQ2_XS", threads=THREADS)
     assert not (tmp_path / "x.gguf").exists()
     text = tmp_path / "cal.txt"
     text.write_text(" ".join(f"sample {i} of calibration text, numbers {i * 7 % 13}." for i in range(400)))
-    res = compute_imatrix(src, text, tmp_path / "imatrix.gguf", ctx=128, chunks=4, threads=2)
+    res = compute_imatrix(src, text, tmp_path / "imatrix.gguf", ctx=128, chunks=4, threads=THREADS)
     names = {t.name for t in GGUFReader(str(res.path)).tensors}
     assert "blk.0.ffn_up_exps.weight.in_sum2" in names and "blk.3.attn_q.weight.in_sum2" in names
-    out = quantize_file(src, tmp_path / "iq2.gguf", quant="IQ2_XS", imatrix=res.path, threads=2)
+    out = quantize_file(src, tmp_path / "iq2.gguf", quant="IQ2_XS", imatrix=res.path, threads=THREADS)
     assert "IQ2_XS" in {t for t, _, _ in stored(out.path).values()}
     generates(out.path)
 
@@ -349,7 +350,7 @@ def test_inspect_shows_the_quantisation_table(ksafe_bf16, tmp_path):
     from ggufbridge.quant import quantize_file
 
     _, src = ksafe_bf16
-    out = quantize_file(src, tmp_path / "hq3.gguf", mix="hq3", threads=2).path
+    out = quantize_file(src, tmp_path / "hq3.gguf", mix="hq3", threads=THREADS).path
     res = CliRunner().invoke(cli, ["inspect", str(out)])
     assert res.exit_code == 0, res.output
     assert "what is quantised and what is not (recipe hq3" in res.output
@@ -367,7 +368,7 @@ def test_imatrix_cli_on_a_convert_folder(ksafe_bf16, tmp_path):
     text.write_text(" ".join(f"line {i}: some words to calibrate with." for i in range(300)))
     out = tmp_path / "m.gguf"
     res = CliRunner().invoke(cli, ["imatrix", str(src.parent), "--text", str(text), "-o", str(out), "--ctx", "128",
-                                   "--chunks", "2", "--threads", "2"])
+                                   "--chunks", "2", "--threads", str(THREADS)])
     assert res.exit_code == 0, res.output
     assert out.is_file() and "2 chunks" in res.output
     short = tmp_path / "short.txt"

@@ -19,6 +19,7 @@ from gguf import GGUFReader
 
 from ggufbridge.cli import cli
 from ggufbridge.errors import QuantError
+from _cores import THREADS
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def fake_sensitivity(ksafe_bf16, tmp_path_factory):
     units = units_of(h)
     out = tmp_path_factory.mktemp("fit-header") / "u.gguf"
     quantize_file(src, out, mix=exact_mix("fit-uniform-Q8_0", h, {n: "Q8_0" for ts in units.values()
-                                                                        for n in ts}), threads=2)
+                                                                        for n in ts}), threads=THREADS)
     rng = random.Random(1)
     err = {"Q2_K": 40, "Q3_K": 12, "IQ3_S": 10, "IQ4_XS": 4, "Q4_K": 3.5, "Q5_K": 1, "Q6_K": 0.3, "Q8_0": 0.02}
     sens = Sensitivity(
@@ -148,7 +149,7 @@ def test_predicted_size_is_the_written_size(fake_sensitivity, tmp_path):
     for i, budget in enumerate((4_100_000, 6_000_000, 9_500_000)):
         p = plan_fit(sens, budget)
         out = tmp_path / f"m{i}.gguf"
-        quantize_file(src, out, mix=p.mix, threads=2)
+        quantize_file(src, out, mix=p.mix, threads=THREADS)
         assert out.stat().st_size == p.file_bytes <= budget
         assert stored_types(out) == p.tensor_types
 
@@ -174,7 +175,7 @@ def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, 
     budget = 5_000_000
     out = tmp_path / "fit.gguf"
     args = ["quantize", str(src), "-o", str(out), "--fit-bytes", str(budget), "--ctx", "0", "--calibration",
-            str(cal), "--work", str(work), "--threads", "2"]
+            str(cal), "--work", str(work), "--threads", str(THREADS)]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     size = out.stat().st_size
@@ -187,7 +188,8 @@ def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, 
     assert len({t for t in types.values() if t not in ("F32",)}) >= 3
     # the recipe file reproduces the same file types with --recipe
     again = tmp_path / "again.gguf"
-    r2 = CliRunner().invoke(cli, ["quantize", str(src), "-o", str(again), "--recipe", str(mix), "--threads", "2"])
+    r2 = CliRunner().invoke(cli, ["quantize", str(src), "-o", str(again), "--recipe", str(mix), "--threads",
+                                  str(THREADS)])
     assert r2.exit_code == 0, r2.output
     assert stored_types(again) == types
     # inspect names the mix
@@ -270,7 +272,7 @@ def test_imatrix_reports_experts_without_tokens_and_fills_them(ksafe_bf16, tmp_p
     assert "every expert of every layer" in format_coverage(coverage(tmp_path / "im.gguf"))
     # llama-quantize accepts the filled matrix
     q = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(tmp_path / "q.gguf"), "--quant", "IQ4_XS",
-                                 "--imatrix", str(tmp_path / "im.gguf"), "--threads", "2"])
+                                 "--imatrix", str(tmp_path / "im.gguf"), "--threads", str(THREADS)])
     assert q.exit_code == 0, q.output
 
 
