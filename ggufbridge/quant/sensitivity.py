@@ -224,11 +224,14 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         raise QuantError(f"the probe type {probe_type} must be among the candidate types {', '.join(types)}")
     imatrix = str(Path(imatrix)) if imatrix is not None else None
     rows = calibration_rows(src, calibration, ctx, max_rows)
+    # the source as its own reference is keyed by its content (already in the key), not by where it lies: the
+    # same file at another path (convert --fit-bytes's intermediate, a copy) reuses the measurement
+    ref_key = reference or "source"
     reference = reference or f"gguf:{src}"
-    key = _digest(FORMAT, _file_id(src), evalset.set_hash(rows), reference, imatrix and _file_id(Path(imatrix)),
+    key = _digest(FORMAT, _file_id(src), evalset.set_hash(rows), ref_key, imatrix and _file_id(Path(imatrix)),
                   ",".join(types), probe_type, ctx)
     # the reference dump depends on the rows and the reference only: shared by measurements of other types
-    ref_file = Path(work) / f"reference-{_digest(_file_id(src), evalset.set_hash(rows), reference, ctx)}.safetensors"
+    ref_file = Path(work) / f"reference-{_digest(_file_id(src), evalset.set_hash(rows), ref_key, ctx)}.safetensors"
     work = Path(work) / key
     cached = work / "sensitivity.json"
     if cached.is_file():
