@@ -99,7 +99,9 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=50, help="conversions to kill while running (≥ 50 for the issue)")
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--spec", default="ksafe", help="fixture spec (ksafe: ~58 MB float32 with the small vocabulary)")
-    ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="working folder (default: a temporary one); checkpoints already in WORK/ckpt (--spec) and "
+                         "WORK/ckpt-bf16 (--hostile: tiny, bfloat16) are used as they are")
     ap.add_argument("--json", type=Path, default=Path("fault_injection.json"))
     ap.add_argument("--hostile", action="store_true", help="also run the hostile-input cases (issue 27)")
     ap.add_argument("--server", action="store_true", help="with --hostile: also the image bomb through llama-server")
@@ -109,11 +111,11 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
-    from ggufbridge.testkit.checkpoint import make_minicpmv47
-
     work = args.work or Path(tempfile.mkdtemp(prefix="ggufbridge-fault-"))
     ckpt = work / "ckpt"
     if not (ckpt / "config.json").is_file():
+        from ggufbridge.testkit.checkpoint import make_minicpmv47  # torch and transformers: only to build one
+
         make_minicpmv47(ckpt, args.spec, vocab="small")
     out = work / "out"
     ckpt_bytes = sum(p.stat().st_size for p in ckpt.iterdir())

@@ -193,9 +193,10 @@ def build_cases(work: Path, ckpt: Path) -> list[Case]:
                 continue
         cases.append(Case(f"chat template {label}", conv(f"tmpl-{label}", edits), words=("chat template",)))
 
-    # a finite BF16 weight above 65,504 into the default F16 output
-    bf = h / "ckpt-bf16"
-    make_minicpmv47(bf, "tiny", vocab="small", dtype="bfloat16")
+    # a finite BF16 weight above 65,504 into the default F16 output (edited in a copy of WORK/ckpt-bf16)
+    if not (work / "ckpt-bf16" / "config.json").is_file():
+        make_minicpmv47(work / "ckpt-bf16", "tiny", vocab="small", dtype="bfloat16")
+    bf = variant(work / "ckpt-bf16", h / "ckpt-bf16", {})
     ref = next(r for n, r in sorted(ModelDir.open(bf).tensors.items()) if n.endswith("shared_expert.down_proj.weight"))
     big = ref.path.read_bytes()
     ref.path.unlink()

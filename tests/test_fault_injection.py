@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def test_fault_injection_bounded(tmp_path):
+def test_fault_injection_bounded(make_ckpt, tmp_path):
     report = tmp_path / "fault_injection.json"
+    work = tmp_path / "work"
+    # the session's checkpoints (copies: the fixtures stay read-only), so the script's process needs no torch
+    shutil.copytree(make_ckpt("ksafe", vocab="small"), work / "ckpt")
+    shutil.copytree(make_ckpt("tiny", vocab="small", dtype="bfloat16"), work / "ckpt-bf16")
     res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fault_injection.py"), "--kills", "3", "--hostile",
-                          "--work", str(tmp_path / "work"), "--json", str(report)],
+                          "--work", str(work), "--json", str(report)],
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=1200)
     assert report.is_file(), res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(report.read_text())
