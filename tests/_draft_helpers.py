@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from ggufbridge.runtime.locate import locate
+from _cores import THREADS
 
 
 def _die_with_parent() -> None:
@@ -49,7 +50,7 @@ def llama_server(model: Path, draft: Path | None = None, *, extra: tuple[str, ..
     rt = locate()
     port = free_port()
     argv = [str(rt.tool("llama-server")), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            *slots, "-t", "2", "--no-warmup", "--no-webui", *extra]
+            *slots, "-t", str(THREADS), "--no-warmup", "--no-webui", *extra]
     if draft is not None:
         argv += ["-md", str(draft), "--spec-type", "draft-dspark"]
     with open(log_path, "wb") as log:

@@ -23,6 +23,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from _cores import THREADS
 
 N_RS = 4          # snapshots per sequence: drafts of up to 4 tokens roll back
 PROMPTS = {0: [11, 12, 13], 1: [21, 22, 23], 2: [31, 32, 33]}
@@ -64,7 +65,7 @@ class Runtime:
         cp = self.L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 64, 64
         cp.n_seq_max, cp.n_rs_seq, cp.kv_unified = n_seq, n_rs, unified
-        cp.n_threads = cp.n_threads_batch = 2
+        cp.n_threads = cp.n_threads_batch = THREADS
         if count_ubatches:
             cp.cb_eval = self._cb
         ctx = self.L.llama_init_from_model(self.model, cp)

@@ -22,6 +22,7 @@ from ggufbridge.runtime import server as sv
 from _lines import Lines, stderr_of
 from _runtime_models import converted
 from test_runtime_locate import fake_bin
+from _cores import THREADS
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -63,7 +64,7 @@ class Serving:
         self.port = sv.free_port()
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen([sys.executable, "-m", "ggufbridge", "serve", str(model_dir), "--recipe", "cpu",
-                                      "--port", str(self.port), "--ctx", "2048", "--threads", "2", *args],
+                                      "--port", str(self.port), "--ctx", "2048", "--threads", str(THREADS), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      start_new_session=True)
         self.lines = Lines(self.proc.stdout)

@@ -26,6 +26,7 @@ from ggufbridge.cli import cli
 from ggufbridge.ggufio.rewrite import rename_keys
 from ggufbridge.runtime import locate as loc
 from ggufbridge.ggufio.names import DRAFT_KEYS
+from _cores import THREADS
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSu"
        "QmCC")
 HUB_REPO = "openbmb/MiniCPM-V-4_7-tiny-GGUF"
-SERVE = ("--recipe", "cpu", "--ctx", "2048", "--threads", "2")
+SERVE = ("--recipe", "cpu", "--ctx", "2048", "--threads", str(THREADS))
 
 
 def _roles(out: Path) -> dict[str, Path]:

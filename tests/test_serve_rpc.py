@@ -21,6 +21,7 @@ from ggufbridge.runtime import server as sv
 
 from _lines import Lines, stderr_of
 from _runtime_models import converted
+from _cores import THREADS
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ class Serve:
     def __init__(self, model_dir: Path, recipe: Path, log: Path, *args: str):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggufbridge", "serve", str(model_dir), "--recipe", str(recipe), "--port",
-             str(sv.free_port()), "--threads", "2", "--log", str(log), *args],
+             str(sv.free_port()), "--threads", str(THREADS), "--log", str(log), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
             start_new_session=True)
         self.lines = Lines(self.proc.stdout)
