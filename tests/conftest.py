@@ -72,8 +72,34 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture(scope="session")
-def make_ckpt(tmp_path_factory):
-    """Factory: `make_ckpt(spec_name, **make_minicpmv47_kwargs) -> Path`, cached by its arguments per session.
+def built_once(tmp_path_factory):
+    """Factory: `built_once(label, build) -> Path` of the folder that `build(folder)` fills, made once per test run
+    for all pytest-xdist workers: they share the parent of their base temp, the first to ask builds under a file
+    lock while the others wait for it, then every worker reads the same folder (read-only, like make_ckpt's)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker_share() else base) / "built-once"
+    root.mkdir(exist_ok=True)
+
+    def get(label: str, build) -> Path:
+        label = label.replace("/", "_")
+        done = root / label
+        with open(root / f"{label}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.is_dir():
+                part = root / f"{label}.part"
+                shutil.rmtree(part, ignore_errors=True)
+                build(part)
+                part.rename(done)  # whole or absent: a worker that died mid-build leaves only a .part
+        return done
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def make_ckpt(built_once):
+    """Factory: `make_ckpt(spec_name, **make_minicpmv47_kwargs) -> Path`, cached by its arguments per test run.
 
     Callers must treat the folder as read-only (it is shared); copy it to tmp_path before corrupting it.
     """
@@ -90,8 +116,8 @@ def make_ckpt(tmp_path_factory):
         args = {k: v for k, v in bound.arguments.items() if k not in ("out_dir", "spec")}
         key = (spec_name, tuple(sorted(args.items())))
         if key not in cache:
-            label = "-".join([spec_name] + [f"{k}={v}" for k, v in sorted(kw.items())])
-            cache[key] = make_minicpmv47(tmp_path_factory.mktemp(label.replace("/", "_")), spec_name, **kw)
+            label = "-".join(["ckpt", spec_name] + [f"{k}={v}" for k, v in sorted(args.items())])
+            cache[key] = built_once(label, lambda d: make_minicpmv47(d, spec_name, **kw))
         return cache[key]
 
     return make
@@ -110,18 +136,20 @@ def tiny_ckpt_bf16(make_ckpt):
 
 
 @pytest.fixture(scope="session")
-def confident_ckpt(tiny_ckpt, tmp_path_factory):
+def confident_ckpt(tiny_ckpt, built_once):
     """tiny_ckpt with its head refitted to continue _synthetic.confident.TEXT decisively."""
     from _synthetic.confident import make_confident
 
-    return make_confident(tiny_ckpt, tmp_path_factory.mktemp("confident"))
+    return built_once("confident", lambda d: make_confident(tiny_ckpt, d))
 
 
 @pytest.fixture(scope="session")
-def make_gguf(make_ckpt, tmp_path_factory):
+def make_gguf(make_ckpt, built_once):
     """Factory: `make_gguf(spec_name, outtype, **make_ckpt_kwargs) -> Path` of the target GGUF that `convert` writes
-    for that checkpoint (no mmproj, no draft), converted once per session and shared by every module that asks for
+    for that checkpoint (no mmproj, no draft), converted once per test run and shared by every module that asks for
     the same one. Read-only, like make_ckpt's folders."""
+    import json
+
     from ggufbridge.convert import convert
 
     cache = {}
@@ -131,8 +159,9 @@ def make_gguf(make_ckpt, tmp_path_factory):
         if key not in cache:
             ckpt = make_ckpt(spec_name, **kw)
             label = "-".join(["gguf", spec_name, outtype] + [f"{k}={v}" for k, v in sorted(kw.items())])
-            out = tmp_path_factory.mktemp(label.replace("/", "_"))
-            cache[key] = convert(ckpt, out, outtype=outtype, mmproj=False, progress=False).path("target")
+            out = built_once(label, lambda d: convert(ckpt, d, outtype=outtype, mmproj=False, progress=False))
+            files = json.loads((out / "manifest.json").read_text())["files"]
+            cache[key] = out / next(f["path"] for f in files if f["role"] == "target")
         return cache[key]
 
     return make
