@@ -24,15 +24,24 @@ _started: list[float] = []
 # loadfile: a file's module fixtures, servers and conversions stay in one process). The workers take the files in
 # collection order, so the ones that take longest go first and the workers finish together; the rest keep their
 # order. Measured with `pytest --durations` (docs/testing.md); a file missing here only starts later.
-LONGEST_FIRST = ("test_served_vision_sweep.py", "test_quant_fit.py", "test_compare_models.py", "test_vision.py",
-                 "test_served_vision.py", "test_fullsize_gguf.py", "test_tokenizer_parity.py", "test_quant.py",
-                 "test_serve.py", "test_convert_parity.py", "test_fault_injection.py", "test_fixtures.py",
-                 "test_mmproj.py", "test_video.py", "test_draft_speculative.py")
+LONGEST_FIRST = ("test_quant_fit.py", "test_chat_page.py", "test_fault_injection.py", "test_served_vision_sweep.py",
+                 "test_fixtures.py", "test_fullsize_gguf.py", "test_compare_models.py", "test_hub.py",
+                 "test_video.py", "test_quant.py", "test_tokenizer_parity.py", "test_served_vision.py",
+                 "test_serve_gguf_files.py", "test_hostile_inputs.py", "test_serve.py", "test_patches.py",
+                 "test_convert_parity.py", "test_plan_runtime.py", "test_fuzz_readers.py", "test_serve_rpc.py",
+                 "test_inspect.py", "test_compare_metrics.py", "test_draft_speculative.py",
+                 "test_draft_concurrent.py", "test_bench.py")
 
 if worker_share():
     # each worker's torch, tokenizers and the llama.cpp tools it starts get its share of the cores (tests/_cores.py)
     for _var in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", "LLAMA_ARG_THREADS"):
         os.environ.setdefault(_var, str(worker_share()))
+
+
+def pytest_xdist_auto_num_workers(config):
+    # `-n auto`: one worker more than cores. Servers starting, browsers rendering and polls leave a worker idle
+    # ~15% of its time; a third worker on 2 cores fills that (each worker still runs one thread: tests/_cores.py)
+    return (os.cpu_count() or 1) + 1
 
 
 def pytest_configure(config):
