@@ -50,9 +50,7 @@ PROBE_TEXTS = [
 
 
 @lru_cache(maxsize=2)
-@lru_cache(maxsize=2)
 def unreachable_tokens(vocab: str = "qwen35") -> tuple[bytes, ...]:
-    """Tokens that byte-level BPE cannot build (they have no merge in tokenizer.json), in rank order (~3 s of
-    merge replays over the 248k vocabulary: once per process)."""
+    """Tokens that byte-level BPE cannot build (they have no merge in tokenizer.json), in rank order."""
     ranks = load_ranks(vocab)
     return tuple(t for t in sorted(ranks, key=ranks.__getitem__) if len(t) > 1 and bpe_merge_pair(t, ranks) is None)
