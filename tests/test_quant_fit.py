@@ -249,7 +249,8 @@ def test_imatrix_reports_experts_without_tokens_and_fills_them(ksafe_bf16, tmp_p
     text = tmp_path / "cal.txt"
     rng = random.Random(0)
     text.write_text(" ".join(rng.choice("alpha beta gamma delta 1 2 3 ; ( )".split()) for _ in range(1500)))
-    res = CliRunner().invoke(cli, ["imatrix", str(model), "--text", str(text), "--ctx", "128", "-o",
+    res = CliRunner().invoke(cli, ["imatrix", str(model), "--text", str(text), "--ctx", "128", "--chunks", "4",
+                                   "--threads", str(THREADS), "-o",
                                    str(tmp_path / "im.gguf")])
     assert res.exit_code == 0, res.output
     # the report names the starved experts of every expert tensor (gate, up, down × 4 layers)
@@ -289,7 +290,8 @@ def test_imatrix_without_fill_keeps_the_tool_output_and_reports_it(ksafe_bf16, t
     _starve_experts(model, starved=(3,))
     text = tmp_path / "cal.txt"
     text.write_text(" ".join(["one two three four five six seven"] * 200))
-    res = CliRunner().invoke(cli, ["imatrix", str(model), "--text", str(text), "--ctx", "128", "-o",
+    res = CliRunner().invoke(cli, ["imatrix", str(model), "--text", str(text), "--ctx", "128", "--chunks", "4",
+                                   "--threads", str(THREADS), "-o",
                                    str(tmp_path / "im.gguf"), "--no-fill-missing"])
     assert res.exit_code == 0, res.output
     assert "without tokens" in res.output and "not filled" in res.output
