@@ -193,6 +193,6 @@ def oracle_pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ksafe_bf16(make_ckpt, make_gguf):
     """(checkpoint, BF16 target GGUF) of the K-quant-compatible synthetic model (every row a multiple of 256),
-    converted once for test_quant and test_quant_fit (both only read it: their outputs go to tmp_path)."""
+    converted once for test_quant (read only: its outputs go to tmp_path)."""
     kw = {"dtype": "bfloat16", "vocab": "small"}
     return make_ckpt("ksafe", **kw), make_gguf("ksafe", "bf16", **kw)

@@ -33,6 +33,15 @@ def fit_setup(tmp_path_factory):
     return cal, d / "work"
 
 
+@pytest.fixture(scope="module")
+def ksafe2_bf16(make_ckpt, make_gguf):
+    """(checkpoint, BF16 GGUF) of the K-quant-compatible model with one layer of each kind: a measurement runs
+    llama-quantize and llama.cpp once per unit, so two layers are half the work of ksafe's four. The budgets below
+    are set on its sizes: Q2_K 1.82 MB, Q3_K_M 2.26 MB, Q4_K_M 2.77 MB, Q8_0 4.65 MB, BF16 8.70 MB."""
+    kw = {"dtype": "bfloat16", "vocab": "small"}
+    return make_ckpt("ksafe2", **kw), make_gguf("ksafe2", "bf16", **kw)
+
+
 def stored_types(path) -> dict[str, str]:
     return {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
 
@@ -94,7 +103,7 @@ def test_allocator_refuses_a_budget_below_the_smallest_mix():
 # --- exact sizes and the budget, on a real quantised header ------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def fake_sensitivity(ksafe_bf16, tmp_path_factory):
+def fake_sensitivity(ksafe2_bf16, tmp_path_factory):
     """A Sensitivity of the ksafe model with random sensitivities but real shapes, types and a header measured on
     a real llama-quantize output: what plan_fit needs to show the budget invariant on many budgets cheaply."""
     from ggufbridge.ggufio.reader import read_header
@@ -102,7 +111,7 @@ def fake_sensitivity(ksafe_bf16, tmp_path_factory):
     from ggufbridge.quant.quantize import quantize_file
     from ggufbridge.quant.sensitivity import CANDIDATE_TYPES, Sensitivity, exact_mix, source_types, units_of
 
-    _, src = ksafe_bf16
+    _, src = ksafe2_bf16
     h = read_header(src)
     units = units_of(h)
     out = tmp_path_factory.mktemp("fit-header") / "u.gguf"
@@ -126,7 +135,7 @@ def test_plans_never_exceed_the_budget(fake_sensitivity):
     lo = plan_fit(sens, 10**9)
     assert lo.file_bytes < 10**9
     smallest = None
-    for budget in range(3_000_000, 17_000_000, 37_511):  # 374 budgets from below Q2_K to above BF16
+    for budget in range(1_500_000, 8_800_000, 19_531):  # 374 budgets from below Q2_K to above BF16
         try:
             p = plan_fit(sens, budget)
         except QuantError as e:
@@ -136,7 +145,7 @@ def test_plans_never_exceed_the_budget(fake_sensitivity):
         assert p.file_bytes <= budget
         # and it uses the room: nothing left that the cheapest upgrade would fit in (one Q8_0 → BF16 step of the
         # smallest unit is ~100 KB at most; hulls may leave a little)
-    assert smallest is not None and smallest < 4_000_000
+    assert smallest is not None and smallest < 2_000_000
 
 
 @pytest.mark.slow
@@ -146,7 +155,7 @@ def test_predicted_size_is_the_written_size(fake_sensitivity, tmp_path):
     from ggufbridge.quant.quantize import quantize_file
 
     src, sens = fake_sensitivity
-    for i, budget in enumerate((4_100_000, 6_000_000, 9_500_000)):
+    for i, budget in enumerate((2_100_000, 3_100_000, 4_900_000)):
         p = plan_fit(sens, budget)
         out = tmp_path / f"m{i}.gguf"
         quantize_file(src, out, mix=p.mix, threads=THREADS)
@@ -169,10 +178,10 @@ def test_fit_hardware_without_room_names_the_recipe(fake_sensitivity, tmp_path):
 # --- end to end on the CLI ---------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, fit_setup, tmp_path):
-    _, src = ksafe_bf16
+def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe2_bf16, fit_setup, tmp_path):
+    _, src = ksafe2_bf16
     cal, work = fit_setup
-    budget = 5_000_000
+    budget = 2_600_000
     out = tmp_path / "fit.gguf"
     args = ["quantize", str(src), "-o", str(out), "--fit-bytes", str(budget), "--ctx", "0", "--calibration",
             str(cal), "--work", str(work), "--threads", str(THREADS)]
@@ -197,10 +206,10 @@ def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, 
     assert ins.exit_code == 0 and doc["description"] and "recipe fit-" in ins.output
     # a second budget reuses the measurement (no new probes): the work folder holds one sensitivity.json
     out2 = tmp_path / "fit2.gguf"
-    r3 = CliRunner().invoke(cli, args[:3] + [str(out2)] + ["--fit-bytes", "7000000"] + args[6:])
+    r3 = CliRunner().invoke(cli, args[:3] + [str(out2)] + ["--fit-bytes", "3600000"] + args[6:])
     assert r3.exit_code == 0, r3.output
     assert len(list(work.glob("*/sensitivity.json"))) == 1
-    assert out2.stat().st_size <= 7_000_000
+    assert out2.stat().st_size <= 3_600_000
 
 
 @pytest.mark.parametrize("args, message", [
@@ -208,8 +217,8 @@ def test_fit_bytes_cli_writes_a_mix_that_fits_and_a_reusable_recipe(ksafe_bf16, 
     (["--quant", "Q8_0", "--calibration", "x.txt"], "--calibration only applies with --fit"),
     (["--fit-bytes", "10MB", "--ctx", "0", "--calibration", "/nonexistent.txt"], "does not exist"),
 ])
-def test_fit_errors_are_one_line(ksafe_bf16, tmp_path, args, message):
-    _, src = ksafe_bf16
+def test_fit_errors_are_one_line(ksafe2_bf16, tmp_path, args, message):
+    _, src = ksafe2_bf16
     res = CliRunner().invoke(cli, ["quantize", str(src), "-o", str(tmp_path / "o.gguf"), "--work",
                                    str(tmp_path / "w"), *args] if "--fit-bytes" in args else
                              ["quantize", str(src), "-o", str(tmp_path / "o.gguf"), *args])
@@ -237,12 +246,12 @@ def _starve_experts(path, starved=(6, 7)):
 
 
 @pytest.mark.slow
-def test_imatrix_reports_experts_without_tokens_and_fills_them(ksafe_bf16, tmp_path):
+def test_imatrix_reports_experts_without_tokens_and_fills_them(ksafe2_bf16, tmp_path):
     import shutil
 
     from ggufbridge.quant.coverage import coverage, fill_missing, format_coverage
 
-    _, src = ksafe_bf16
+    _, src = ksafe2_bf16
     model = tmp_path / "starved.gguf"
     shutil.copyfile(src, model)
     _starve_experts(model)
@@ -253,13 +262,13 @@ def test_imatrix_reports_experts_without_tokens_and_fills_them(ksafe_bf16, tmp_p
                                    "--threads", str(THREADS), "-o",
                                    str(tmp_path / "im.gguf")])
     assert res.exit_code == 0, res.output
-    # the report names the starved experts of every expert tensor (gate, up, down × 4 layers)
+    # the report names the starved experts of every expert tensor (gate, up, down × 2 layers)
     assert "expert coverage" in res.output and "6-7" in res.output
     assert "got no tokens; filled from the mean" in res.output
     im = GGUFReader(str(tmp_path / "im.gguf"))
     t = {x.name: np.asarray(x.data, dtype=np.float32) for x in im.tensors}
     exps = [n[: -len(".counts")] for n in t if n.endswith("_exps.weight.counts")]
-    assert len(exps) == 12
+    assert len(exps) == 6
     for name in exps:
         counts = t[name + ".counts"].reshape(-1)
         sums = t[name + ".in_sum2"].reshape(len(counts), -1)
@@ -278,13 +287,13 @@ def test_imatrix_reports_experts_without_tokens_and_fills_them(ksafe_bf16, tmp_p
 
 
 @pytest.mark.slow
-def test_imatrix_without_fill_keeps_the_tool_output_and_reports_it(ksafe_bf16, tmp_path):
+def test_imatrix_without_fill_keeps_the_tool_output_and_reports_it(ksafe2_bf16, tmp_path):
     """--no-fill-missing leaves llama-imatrix's own file (counts 0 for the starved experts), still reported."""
     import shutil
 
     from ggufbridge.quant.coverage import coverage
 
-    _, src = ksafe_bf16
+    _, src = ksafe2_bf16
     model = tmp_path / "starved.gguf"
     shutil.copyfile(src, model)
     _starve_experts(model, starved=(3,))
@@ -300,14 +309,14 @@ def test_imatrix_without_fill_keeps_the_tool_output_and_reports_it(ksafe_bf16, t
 
 
 @pytest.mark.slow
-def test_convert_fit_bytes_writes_a_target_within_budget(ksafe_bf16, fit_setup, tmp_path, monkeypatch):
+def test_convert_fit_bytes_writes_a_target_within_budget(ksafe2_bf16, fit_setup, tmp_path, monkeypatch):
     from ggufbridge.quant import optimise
 
     cal, work = fit_setup
     monkeypatch.setattr(optimise, "default_work", lambda: work)  # not the user's cache
-    ckpt, _ = ksafe_bf16
+    ckpt, _ = ksafe2_bf16
     out = tmp_path / "out"
-    budget = 6_000_000
+    budget = 3_100_000
     res = CliRunner().invoke(cli, ["convert", str(ckpt), "-o", str(out), "--outtype", "bf16", "--no-mmproj",
                                    "--no-progress", "--fit-bytes", str(budget), "--fit-ctx", "0", "--calibration",
                                    str(cal)])
@@ -348,7 +357,7 @@ def test_recipe_tensors_override_their_class(tmp_path):
 
 
 def test_fit_hardware_takes_the_largest_mix_the_planner_fits(fake_sensitivity):
-    """rtx4090's 24 GB hold this 16 MB model at any precision: the bisection must end at the full-precision mix."""
+    """rtx4090's 24 GB hold this 9 MB model at any precision: the bisection must end at the full-precision mix."""
     from ggufbridge.quant.optimise import plan_fit, plan_for_hardware
 
     src, sens = fake_sensitivity
@@ -357,8 +366,8 @@ def test_fit_hardware_takes_the_largest_mix_the_planner_fits(fake_sensitivity):
     assert p.unit_types == full.unit_types and set(p.unit_types.values()) == {"BF16"}
 
 
-def test_a_mix_for_another_model_is_refused(ksafe_bf16, tmp_path):
-    _, src = ksafe_bf16
+def test_a_mix_for_another_model_is_refused(ksafe2_bf16, tmp_path):
+    _, src = ksafe2_bf16
     p = tmp_path / "mix.toml"
     p.write_text('base = "hq4"\n[tensors]\n"blk.39.ffn_down_exps.weight" = "Q6_K"\n')
     res = CliRunner().invoke(cli, ["quantize", str(src), "-o", str(tmp_path / "o.gguf"), "--recipe", str(p)])
