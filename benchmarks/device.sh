@@ -109,7 +109,10 @@ case $job in
   draft-equality) setup_device; exec bash benchmarks/gpu/draft_equality.sh "$@" ;;
   draft-ties) setup_device; exec bash benchmarks/gpu/draft_ties.sh "$@" ;;
   exl3) setup_device --no-runtime; exec bash benchmarks/gpu/exl3_vs_gguf.sh "$@" ;;  # exllamav3 only
-  fattn) setup_device --tests; exec bash benchmarks/gpu/fattn_h200.sh "$@" ;;
+  # both jobs build llama-batched-bench beside the runtime, so one warm machine runs either after the other without
+  # rebuilding; test-backend-ops only when a step runs it
+  fattn) setup_device $(case " $* " in *" fatest "*) echo --tests;; esac) --target llama-batched-bench
+         exec bash benchmarks/gpu/fattn_h200.sh "$@" ;;
   streams) setup_device --target llama-batched-bench; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
   *) sed -n 2,27p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
 esac

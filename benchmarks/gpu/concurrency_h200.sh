@@ -15,6 +15,9 @@
 #                of each slot's on the server thread, between decodes); $OUT/concurrency-bs/*
 #   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
+#   where        the step at 1, 2, 4, 8, 16 sequences taken apart, no server (decode_step.cpp): time in llama_decode
+#                (host), the whole step ($OUT/step-width.jsonl); kernels of two steps at 1 and 8 sequences by name,
+#                from ncu ($OUT/step-width-kernels.txt)
 #   profile      one decode step at 1 and 8 sequences kernel by kernel (ncu, decode_profile.py; slow: ncu
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 #   benchmarks/device.sh streams all
@@ -28,7 +31,7 @@ printf 'base = "h200"\nname = "h200-q8kv-bs"\n[server]\ncache_type_k = "q8_0"\nc
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-bs bench-draft)
-model() { ls $S/hq3m/MiniCPM-V-4_7-*.gguf | head -1; }
+model() { echo $S/hq3m/target.gguf; }
 for step in "${steps[@]}"; do t "$step"; case $step in
 build)
   [ -f $S/hq3m/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/hq3m --tokenizer "$DEVICE_DIR/tok" \
@@ -46,9 +49,15 @@ bench-bs)
 bench-draft)
   timeout 300 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
     --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
+where)
+  # the step at 1..16 sequences taken apart, no server, no sampling chain (decode_step.cpp): time in llama_decode
+  # (host) and the whole step; then the kernels of two steps at 1 and at 8 sequences by name (ncu)
+  M="-m $(model) --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
+  bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8,16 --tag width | tee -a $O/step-width.jsonl
+  bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-width-kernels.txt ;;
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
-*) echo "streams: unknown step $step (all build timing bench bench-bs bench-draft profile)" >&2; exit 2 ;;
+*) echo "streams: unknown step $step (all build timing where bench bench-bs bench-draft profile)" >&2; exit 2 ;;
 esac; keep_logs; done
 t done

@@ -15,6 +15,9 @@
 #            against the first run ($OUT/exact.json)
 #   depth-KV target-only decode at 1k/32k/128k/256k (hq3m, the h200 recipe's flags with K/V type KV), b0 and b1
 #            (f16: b1 only, f16 K/V never reach the changed code) ($OUT/depth.json)
+#   where-KV  one decode step at each depth taken apart, no server (decode_step.cpp): time in llama_decode (host),
+#            the whole step ($OUT/where.jsonl)
+#   kernels-KV the kernels of two steps at 1k and 256k by name, from ncu ($OUT/where-kernels-KV.txt)
 #   drafted-B the oracle pair with the draft (n_max 4, the never-wrong cycle: ~4 accepted per round), q8_0 K/V,
 #            build B at the same depths ($OUT/drafted.json)
 #   benchmarks/device.sh fattn build kernel fatest exact-q8_0 depth-q8_0 ...
@@ -45,7 +48,8 @@ benv() {  # benv b0|b1: the environment that makes the build what its name says
 }
 for step in "$@"; do t "$step"; case $step in
 build)
-  ( gen $S/hq3m --quant hq3m --no-draft; gen $S/oracle --oracle ) > $L/gen.log 2>&1 &
+  # hq3m with its draft: the same files as the streams job's, so either job runs after the other on a warm machine
+  ( gen $S/hq3m --quant hq3m; gen $S/oracle --oracle ) > $L/gen.log 2>&1 &
   GEN=$!
   if [ "${FATTN_B0:-}" = build ]; then bin b0 >/dev/null || exit 1; fi
   wait $GEN; cat $L/gen.log; ls -la $S/*/ | grep gguf ;;
@@ -92,10 +96,19 @@ depth-q8_0|depth-q4_0|depth-f16)
     env $(benv $b) python3 benchmarks/gpu/recipe_bench.py measure $S/hq3m --recipe $r --tag $b-$kv --ctx 262144 \
       --lengths $LENGTHS --llama-bin $B --json $O/depth.json --logdir $L 2>&1 | grep -v "log accounting"
   done ;;
+where-q8_0|where-q4_0|where-f16)
+  # one decode step at 1k..256k taken apart, no server (decode_step.cpp on b1): time in llama_decode (host) and the
+  # whole step; kernels-KV: the kernels of two steps at 1k and at 256k by name (ncu)
+  bash benchmarks/gpu/decode_step.sh -m $S/hq3m/target.gguf --kv ${step#where-} --depths 1024,32768,131072,262144 \
+    --tag b1 | tee -a $O/where.jsonl ;;
+kernels-q8_0|kernels-q4_0|kernels-f16)
+  kv=${step#kernels-}
+  bash benchmarks/gpu/decode_step.sh ncu "--depths 1024" "--depths 262144" -- -m $S/hq3m/target.gguf --kv $kv \
+    | tee $O/where-kernels-$kv.txt ;;
 drafted-b0|drafted-b1)
   b=${step#drafted-}; B=$(bin $b) || exit 1
   env $(benv $b) python3 benchmarks/gpu/fattn_bench.py drafted $S/oracle --bin $B --kv q8_0 --n-max 4 \
     --lengths $LENGTHS --tag drafted-$b-q8_0 --json $O/drafted.json --logdir $L ;;
-*) echo "fattn: unknown step $step (build kernel fatest exact-KV depth-KV drafted-b0 drafted-b1)" >&2; exit 2 ;;
+*) echo "fattn: unknown step $step (build kernel fatest exact-KV depth-KV where-KV kernels-KV drafted-b0 drafted-b1)" >&2; exit 2 ;;
 esac; keep_logs; done
 t done

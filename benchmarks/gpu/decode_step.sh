@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build benchmarks/gpu/decode_step.cpp against the runtime device.sh built ($RUNTIME_BIN, its patched tree's headers)
+# and run it with ARGS; with `ncu A B -- ARGS`: run it twice under ncu (only the timed steps, --cuda-range --steps 2),
+# once with A's and once with B's arguments appended, and print the kernel time per step by name, B against A.
+#   bash benchmarks/gpu/decode_step.sh -m MODEL --kv q8_0 --depths 1024,262144
+#   bash benchmarks/gpu/decode_step.sh ncu "--depths 1024" "--depths 262144" -- -m MODEL --kv q8_0
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+BIN=$(readlink -f "$RUNTIME_BIN")
+P=$(basename "$(dirname "$(dirname "$BIN")")")  # .../llama.cpp-V-cuda-pH/build/bin -> its tree src/llama.cpp-V-pH
+TREE=${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}/src/$(echo "$P" | sed -E "s/-(cuda|cpu)-p/-p/")
+X=${WORK:-/tmp}/decode_step-$P
+[ -x "$X" ] || g++ -O2 -std=c++17 "$HERE/decode_step.cpp" -I"$TREE/include" -I"$TREE/ggml/include" -L"$BIN" -lllama \
+  -lggml-base -Wl,-rpath,"$BIN" -ldl -o "$X" || exit 1
+[ "${1:-}" = ncu ] || exec "$X" "$@"
+A=$2; B=$3; shift 4
+L=$(mktemp -d)
+for v in A B; do
+  # shellcheck disable=SC2086  # the variant's arguments are words
+  timeout 280 ncu --profile-from-start off --csv --page raw --metrics gpu__time_duration.sum --print-units base \
+    --clock-control none "$X" "$@" ${!v} --steps 2 --cuda-range > "$L/$v.csv" 2> "$L/$v.err" || tail -5 "$L/$v.err"
+done
+python3 - "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
+import csv, io, sys
+def kernels(path):  # kernel name -> microseconds per step (2 steps profiled)
+    text = open(path).read()
+    out = {}
+    for r in csv.DictReader(io.StringIO(text[text.find('"ID"'):] if '"ID"' in text else "")):
+        try:
+            out[r["Kernel Name"]] = out.get(r["Kernel Name"], 0.0) + float(r["gpu__time_duration.sum"]) / 2e3
+        except (KeyError, ValueError):
+            pass  # the units row
+    return out
+a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
+la, lb = sys.argv[3], sys.argv[4]
+print(f"kernel time per step: [{la}] {sum(a.values()):.1f} us, [{lb}] {sum(b.values()):.1f} us")
+print(f"{'growth':>9}  {'A us':>8}  {'B us':>8}  kernel")
+for g, k in sorted(((b.get(k, 0) - a.get(k, 0), k) for k in set(a) | set(b)), reverse=True)[:20]:
+    print(f"{g:9.1f}  {a.get(k, 0):8.1f}  {b.get(k, 0):8.1f}  {k[:110]}")
+PY
