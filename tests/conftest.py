@@ -24,13 +24,13 @@ _started: list[float] = []
 # loadfile: a file's module fixtures, servers and conversions stay in one process). The workers take the files in
 # collection order, so the ones that take longest go first and the workers finish together; the rest keep their
 # order. Measured with `pytest --durations` (docs/testing.md); a file missing here only starts later.
-LONGEST_FIRST = ("test_quant_fit.py", "test_chat_page.py", "test_fault_injection.py", "test_served_vision_sweep.py",
-                 "test_fixtures.py", "test_fullsize_gguf.py", "test_compare_models.py", "test_hub.py",
-                 "test_video.py", "test_quant.py", "test_tokenizer_parity.py", "test_served_vision.py",
-                 "test_serve_gguf_files.py", "test_hostile_inputs.py", "test_serve.py", "test_patches.py",
-                 "test_convert_parity.py", "test_plan_runtime.py", "test_fuzz_readers.py", "test_serve_rpc.py",
-                 "test_inspect.py", "test_compare_metrics.py", "test_draft_speculative.py",
-                 "test_draft_concurrent.py", "test_bench.py")
+LONGEST_FIRST = ("test_fault_injection.py", "test_quant_fit.py", "test_fixtures.py", "test_fullsize_gguf.py",
+                 "test_compare_models.py", "test_served_vision_sweep.py", "test_chat_page.py", "test_hub.py",
+                 "test_tokenizer_parity.py", "test_quant.py", "test_video.py", "test_served_vision.py",
+                 "test_serve_gguf_files.py", "test_hostile_inputs.py", "test_convert_parity.py", "test_serve.py",
+                 "test_patches.py", "test_fuzz_readers.py", "test_plan_runtime.py", "test_inspect.py",
+                 "test_serve_rpc.py", "test_compare_metrics.py", "test_draft_concurrent.py", "test_bench.py",
+                 "test_draft_speculative.py", "test_bench_concurrency.py")
 
 if worker_share():
     # each worker's torch, tokenizers and the llama.cpp tools it starts get its share of the cores (tests/_cores.py)
