@@ -262,10 +262,8 @@ def test_token_hash_mismatch_refused(ggufs, small_ckpt, tmp_path):
             match="dump holds 2 rows, the eval set 1")
 
 
-def test_vocabulary_mismatch_refused(ggufs, tiny_ckpt, eval_file, tmp_path):
-    from ggufbridge.convert import convert
-
-    big = convert(tiny_ckpt, tmp_path / "big", outtype="q8_0", mmproj=False, progress=False).path("target")
+def test_vocabulary_mismatch_refused(ggufs, make_gguf, eval_file):
+    big = make_gguf("tiny", "f16")  # the real vocabulary (tokenizer parity's conversion, made once per run)
     refused("compare", big, "--reference", f"gguf:{ggufs['f32']}", "--eval", eval_file, "--ctx", CTX,
             "--no-progress", match="vocabulary mismatch")
 
