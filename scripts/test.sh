@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-# every core, one test file per worker at a time (tests/conftest.py orders the files longest first)
+# -n auto: a worker per core and one more, one test file per worker at a time, longest files first (tests/conftest.py)
 exec .venv/bin/python -m pytest -q -m "not gpu" -n "${PYTEST_WORKERS:-auto}" --dist loadfile "$@"
