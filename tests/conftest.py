@@ -177,6 +177,19 @@ def make_gguf(make_ckpt, built_once):
 
 
 @pytest.fixture(scope="session")
+def unreachable(built_once) -> tuple[bytes, ...]:
+    """_synthetic.probes.unreachable_tokens() of the real vocabulary (~3 s of merge replays over 248k tokens),
+    computed once per test run for the fixture and the tokenizer parity tests, whichever workers they run on."""
+    from _synthetic.probes import unreachable_tokens
+
+    def build(d: Path) -> None:
+        d.mkdir()
+        (d / "tokens.hex").write_text("\n".join(t.hex() for t in unreachable_tokens()) + "\n")
+
+    return tuple(bytes.fromhex(x) for x in (built_once("unreachable-qwen35", build) / "tokens.hex").read_text().split())
+
+
+@pytest.fixture(scope="session")
 def oracle_pair(tmp_path_factory):
     """(pair, ConversionResult) of the oracle target/draft pair (fx.make_oracle_pair: t -> succ(t) by construction,
     the draft's Markov head knows it), converted once per session for the drafting tests (read-only)."""

