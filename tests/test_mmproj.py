@@ -15,7 +15,6 @@ from ggufbridge.arch import minicpmv4_7_vision as V
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.convert import convert
 from ggufbridge.errors import ConfigError, VisionModelError
-from _cores import THREADS
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +170,7 @@ def test_embeddings_match_transformers(conv, make_ckpt, spec, downsample, size):
     proc = hf_processor(ck, downsample)
     hf_in = proc(images=[img], text=["<unk>"], return_tensors="pt")
     ref = load_reference(ck)
-    with VisionSession(res.path("target"), res.path("mmproj"), n_ctx=512, n_threads=THREADS) as s:
+    with VisionSession(res.path("target"), res.path("mmproj"), n_ctx=512) as s:
         chunks = s.chunks(s.marker, [img])
     frame = next(c for c in chunks if c.kind == "image")
     ids = hf_in["input_ids"][0].tolist()

@@ -20,7 +20,6 @@ from _video_helpers import hf_processor_with_video, make_clip
 from _vision_helpers import SPEC_THW, cosines, flat_prompt, kl_rows, refit_head
 from ggufbridge.errors import VisionInputError
 from ggufbridge.vision import video
-from _cores import THREADS
 
 # (frames, fps, container, max_num_frames): durations 0.5 … 6.5 s, integer and NTSC rates, the long-clip branch
 # (duration > max_num_frames: the 0.1 s grid thinned by linspace), sub-1 fps (repeated indices, taken once)
@@ -297,7 +296,7 @@ def _runtime_chunks(res, clip, question=QUESTION, encode=False):
 
     info = video.probe(clip)
     frames = list(video.iter_frames(str(clip), video.sample_indices(info)))
-    with VisionSession(res.path("target"), res.path("mmproj"), n_ctx=4096, n_threads=THREADS) as s:
+    with VisionSession(res.path("target"), res.path("mmproj"), n_ctx=4096) as s:
         chunks = s.chunks(_chat(s.marker * len(frames), question), frames, encode=encode, frames=True)
         ev = s.eval(chunks) if encode else None
     return chunks, ev
@@ -343,7 +342,7 @@ def test_without_the_patch_frames_get_image_ids(model, tmp_path):
     clip = make_clip(tmp_path / "c.mp4", 20, 10, w=112, h=112)
     want, _, _ = _hf(ck, ref, clip, logits=False)
     frames = list(video.iter_frames(str(clip), video.sample_indices(video.probe(clip))))
-    with VisionSession(outs["16x"].path("target"), outs["16x"].path("mmproj"), n_ctx=4096, n_threads=THREADS) as s:
+    with VisionSession(outs["16x"].path("target"), outs["16x"].path("mmproj"), n_ctx=4096) as s:
         ids, _ = flat_prompt(s.chunks(_chat(s.marker * len(frames)), frames, encode=False))
     assert len(ids) > want["input_ids"].shape[1]
 

@@ -14,7 +14,6 @@ from _vision_helpers import SPEC_THW, flat_prompt, hf_processor, kl_rows, random
 from ggufbridge.convert import convert
 from ggufbridge.errors import VisionInputError
 from ggufbridge.vision.preprocess import load_image
-from _cores import THREADS
 
 def _png(w: int, h: int, body: bytes | None = None) -> bytes:
     def chunk(kind, data):
@@ -91,7 +90,7 @@ def thw(tmp_path_factory):
 def _session(res, **kw):
     from ggufbridge.testkit.bindings import VisionSession
 
-    return VisionSession(res.path("target"), res.path("mmproj"), n_ctx=2048, n_threads=THREADS, **kw)
+    return VisionSession(res.path("target"), res.path("mmproj"), n_ctx=2048, **kw)
 
 
 def _chat(placeholder: str, n_images: int, question: str) -> str:
