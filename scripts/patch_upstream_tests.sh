@@ -51,6 +51,7 @@ cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLA
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_MTMD=ON >"$B.configure.log" 2>&1
 cmake --build "$B" -j "${JOBS:-$(nproc)}" --target "${TESTS[@]}" >"$B.build.log" 2>&1
 # test-llama-archs writes the dummy models that the rollback test reads (as llama.cpp's ctest fixture does)
+mkdir -p "$B/test-models"  # the tool writes into it and does not make it
 "$B/bin/test-llama-archs" -o "$B/test-models" >"$B/generate-models.log" 2>&1 \
   || { echo "FAIL  test-llama-archs -o (log: $B/generate-models.log)"; exit 1; }
 for t in "${TESTS[@]}"; do
