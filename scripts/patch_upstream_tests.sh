@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tests llama.cpp ships for what the patch series touches, built from the patched tree that build_runtime.sh
-# made (run it first) and run here: libmtmd's C API and internals (chunk serialization), the batch allocator,
+# made (run it first) and run here: libmtmd's C API and internals (chunk serialization), the batch allocator, the
+# KV cells' per-cell sequence summary (test-kv-cells, the series' own),
 # every architecture's tiny-model test (the KV cache and M-RoPE models: qwen2vl, qwen3vl, qwen35 among 133), and the
 # recurrent-state rollback test over every recurrent and hybrid architecture's dummy model (the rollback patch's
 # "moved cell" case among them).
@@ -45,11 +46,12 @@ if [ $CUDA = 1 ]; then
   done
   exit 0
 fi
-TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-llama-archs test-recurrent-state-rollback)
+TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-kv-cells test-llama-archs test-recurrent-state-rollback)
 cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_MTMD=ON >"$B.configure.log" 2>&1
 cmake --build "$B" -j "${JOBS:-$(nproc)}" --target "${TESTS[@]}" >"$B.build.log" 2>&1
 # test-llama-archs writes the dummy models that the rollback test reads (as llama.cpp's ctest fixture does)
+mkdir -p "$B/test-models"  # the tool writes into it and does not make it
 "$B/bin/test-llama-archs" -o "$B/test-models" >"$B/generate-models.log" 2>&1 \
   || { echo "FAIL  test-llama-archs -o (log: $B/generate-models.log)"; exit 1; }
 for t in "${TESTS[@]}"; do

@@ -9,7 +9,7 @@
 //             the KQ-mask fill, graph reuse or rebuild, the launch itself);
 //   step_ms   llama_decode + llama_synchronize: the whole step as the GPU ends it;
 //   argmax_ms the greedy pick over each sequence's logits on the host.
-// With --cuda-range the timed steps sit between cudaProfilerStart/Stop, so `ncu --profile-from-start off` sees those
+// With --cuda-range the timed steps sit between cuProfilerStart/Stop, so `ncu --profile-from-start off` sees those
 // kernels only (the prefill is not profiled). One JSON object per (N, depth) on stdout.
 //
 //   decode_step -m MODEL [--kv q8_0] [--depths 1024,262144] [--seqs 1,8] [--ctx 262144] [--slots 4] [--steps 24]
@@ -75,13 +75,15 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "usage: decode_step -m MODEL [--kv f16|q8_0|q4_0] [--depths D,...] [--seqs N,...]\n");
         return 2;
     }
-    // the CUDA runtime that ggml-cuda loaded (a dependency of libllama, so in the global scope)
+    // the CUDA driver's profiler range (ncu honours it; the driver library is always shared, while ggml-cuda may
+    // link the CUDA runtime statically)
     using prof_fn = int (*)();
     prof_fn prof_start = nullptr, prof_stop = nullptr;
     if (cuda_range) {
-        prof_start = (prof_fn) dlsym(RTLD_DEFAULT, "cudaProfilerStart");
-        prof_stop  = (prof_fn) dlsym(RTLD_DEFAULT, "cudaProfilerStop");
-        if (!prof_start || !prof_stop) { std::fprintf(stderr, "decode_step: no cudaProfilerStart here\n"); return 2; }
+        void * cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        prof_start = cuda ? (prof_fn) dlsym(cuda, "cuProfilerStart") : nullptr;
+        prof_stop  = cuda ? (prof_fn) dlsym(cuda, "cuProfilerStop") : nullptr;
+        if (!prof_start || !prof_stop) { std::fprintf(stderr, "decode_step: no cuProfilerStart here\n"); return 2; }
     }
     llama_log_set([](ggml_log_level level, const char * text, void *) {
         if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);

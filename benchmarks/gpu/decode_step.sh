@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build benchmarks/gpu/decode_step.cpp against the runtime device.sh built ($RUNTIME_BIN, its patched tree's headers)
-# and run it with ARGS; with `ncu A B -- ARGS`: run it twice under ncu (only the timed steps, --cuda-range --steps 2),
+# and run it with ARGS; with `ncu A B -- ARGS`: run it twice under ncu (only the timed steps: --cuda-range, cuProfilerStart/Stop; --steps 2),
 # once with A's and once with B's arguments appended, and print the kernel time per step by name, B against A.
 #   bash benchmarks/gpu/decode_step.sh -m MODEL --kv q8_0 --depths 1024,262144
 #   bash benchmarks/gpu/decode_step.sh ncu "--depths 1024" "--depths 262144" -- -m MODEL --kv q8_0

@@ -56,6 +56,7 @@ def image_fidelity(rt, kv: dict) -> tuple[str | None, str | None]:
 # one it names: one concern, said where a reviewer reads first. A new subsystem gets its row here.
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "kv-cache": ("src/llama-kv-cache.",),
+    "kv-cells": ("src/llama-kv-cells.",),
     "memory-recurrent": ("src/llama-memory-recurrent.",),
     "graph": ("src/llama-graph.",),
     "batch": ("src/llama-batch.",),
