@@ -14,12 +14,13 @@ X=${WORK:-/tmp}/decode_step-$P
   -lggml-base -Wl,-rpath,"$BIN" -ldl -o "$X" || exit 1
 [ "${1:-}" = ncu ] || exec "$X" "$@"
 A=$2; B=$3; shift 4
-L=$(mktemp -d)
+L=${OUT:-$(mktemp -d)}/ncu-$$; mkdir -p "$L"  # kept beside the results: the raw CSV and ncu's own messages
 for v in A B; do
   # shellcheck disable=SC2086  # the variant's arguments are words
   timeout 280 ncu --profile-from-start off --csv --page raw --metrics gpu__time_duration.sum --print-units base \
     --clock-control none "$X" "$@" ${!v} --steps 2 --cuda-range > "$L/$v.csv" 2> "$L/$v.err" || tail -5 "$L/$v.err"
 done
+grep -h "^==" "$L/A.csv" "$L/A.err" | sort | uniq -c | head -5  # ncu's notes (e.g. "No kernels were profiled")
 python3 - "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
 import csv, io, sys
 def kernels(path):  # kernel name -> microseconds per step (2 steps profiled)
