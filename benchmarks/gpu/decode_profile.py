@@ -48,6 +48,20 @@ def batched_bench(bench: str, model: str, npl: list[int], npp: int, ntg: int, ex
     return rows
 
 
+def parse_ncu_csv(stdout: str) -> dict[str, list[float]]:
+    """Kernel name -> durations (ns) from `ncu --csv --page raw --metrics gpu__time_duration.sum --print-units base`
+    output (the table starts at its "ID" header; the program's own output and ncu's ==PROF== notes come before)."""
+    text = stdout[stdout.find('"ID"'):] if '"ID"' in stdout else ""
+    out: dict[str, list[float]] = defaultdict(list)
+    for r in csv.DictReader(io.StringIO(text)):
+        try:
+            ns = float(r["gpu__time_duration.sum"])
+        except (KeyError, ValueError):
+            continue  # the units row
+        out[r["Kernel Name"]].append(ns)
+    return out
+
+
 def ncu_kernels(ncu: str, bench: str, model: str, pl: int, ntg: int, extra: list[str]) -> dict[str, list[float]]:
     """Kernel name -> durations (ns) of every kernel of one llama-batched-bench run with 1-token prompts."""
     argv = [ncu, "--csv", "--page", "raw", "--metrics", "gpu__time_duration.sum", "--print-units", "base",
@@ -55,14 +69,7 @@ def ncu_kernels(ncu: str, bench: str, model: str, pl: int, ntg: int, extra: list
             "-ub", "512", "-npp", "1", "-ntg", str(ntg), "-npl", str(pl), "-ngl", "99", "-fa", "on", *extra]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
                        env=_env(bench, GGML_CUDA_DISABLE_GRAPHS="1"))
-    text = p.stdout[p.stdout.find('"ID"'):] if '"ID"' in p.stdout else ""
-    rows = list(csv.DictReader(io.StringIO(text)))
-    out: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        try:
-            out[r["Kernel Name"]].append(float(r["gpu__time_duration.sum"]))
-        except (KeyError, ValueError):
-            continue  # the units row
+    out = parse_ncu_csv(p.stdout)
     if not out:
         raise SystemExit(f"ncu gave no kernels (rc {p.returncode}):\n{p.stderr[-2000:]}\n{p.stdout[-2000:]}")
     return out

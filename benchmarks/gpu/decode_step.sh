@@ -21,17 +21,12 @@ for v in A B; do
     --clock-control none "$X" "$@" ${!v} --steps 2 --cuda-range > "$L/$v.csv" 2> "$L/$v.err" || tail -5 "$L/$v.err"
 done
 grep -h "^==" "$L/A.csv" "$L/A.err" | sort | uniq -c | head -5  # ncu's notes (e.g. "No kernels were profiled")
-python3 - "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
-import csv, io, sys
+python3 - "$HERE" "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+from decode_profile import parse_ncu_csv  # the one reader of ncu's CSV
 def kernels(path):  # kernel name -> microseconds per step (2 steps profiled)
-    text = open(path).read()
-    out = {}
-    for r in csv.DictReader(io.StringIO(text[text.find('"ID"'):] if '"ID"' in text else "")):
-        try:
-            out[r["Kernel Name"]] = out.get(r["Kernel Name"], 0.0) + float(r["gpu__time_duration.sum"]) / 2e3
-        except (KeyError, ValueError):
-            pass  # the units row
-    return out
+    return {k: sum(ns) / 2e3 for k, ns in parse_ncu_csv(open(path).read()).items()}
 a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
 la, lb = sys.argv[3], sys.argv[4]
 print(f"kernel time per step: [{la}] {sum(a.values()):.1f} us, [{lb}] {sum(b.values()):.1f} us")
