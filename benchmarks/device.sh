@@ -9,10 +9,16 @@
 #                                           the extension an earlier run brought back if it was put in
 #                                           build/exl3/device/ext/). Needs the runtime built here once
 #                                           (scripts/setup.sh): its sources are packed from there.
+#   benchmarks/device.sh pack-runtime BUILD TREE   here: .device/runtime-cuda.tar.xz, a CUDA build of this
+#                                           checkout's series made on this machine (BUILD: its CMake build folder,
+#                                           configured as in benchmarks/README.md "A CUDA runtime built here"; TREE:
+#                                           the patched sources it was built from, for the headers): the device then
+#                                           skips its ~5 min build. Used only while its series hash is the checkout's.
 #   benchmarks/device.sh JOB [ARGS...]      on the device, with .device/ beside the checkout: build the patched
-#                                           runtime with scripts/build_runtime.sh --cuda, point the bindings at it,
-#                                           run JOB; results go to $OUT (default .device/out). A warm machine keeps
-#                                           the build (the cache folder) and $WORK: a second call resumes.
+#                                           runtime with scripts/build_runtime.sh --cuda (or unpack the one
+#                                           pack-runtime made), point the bindings at it, run JOB; results go to $OUT
+#                                           (default .device/out). A warm machine keeps the build (the cache folder)
+#                                           and $WORK: a second call resumes.
 #
 # JOBs (each a script in benchmarks/gpu/):
 #   pytest [PYTEST ARGS]          the `gpu` tests (tests/, -m gpu)
@@ -74,6 +80,67 @@ pack() {
   du -sh "$DEV"; echo "carry $DEV with the checkout; on the device: benchmarks/device.sh JOB"
 }
 
+# what a job runs of a runtime built here: the tools ggufbridge launches, the benchmarks' extra targets, the libraries
+CARRIED_BINS=(llama-server llama-cli llama-mtmd-cli llama-quantize llama-imatrix llama-perplexity ggml-rpc-server
+              llama-batched-bench test-backend-ops)
+
+pack_runtime() {  # BUILD TREE
+  local build=${1:?pack-runtime needs the CUDA build folder} tree=${2:?pack-runtime needs the patched source tree}
+  local hash bin t f
+  [ -f "$build/bin/libggml-cuda.so" ] || { echo "device.sh: $build/bin has no libggml-cuda.so (not a CUDA build?)" >&2; exit 2; }
+  [ -f "$tree/include/llama.h" ] || { echo "device.sh: $tree is not a llama.cpp tree" >&2; exit 2; }
+  hash=$(.venv/bin/python -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())") || exit 1
+  t=$(mktemp -d)
+  bin="$t/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash/build/bin"
+  mkdir -p "$bin" "$t/src/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-p$hash"
+  for f in "${CARRIED_BINS[@]}"; do
+    [ -x "$build/bin/$f" ] || { echo "device.sh: $build/bin/$f is missing: build it first" >&2; rm -rf "$t"; exit 2; }
+    cp "$build/bin/$f" "$bin/"
+  done
+  cp -P "$build"/bin/*.so* "$bin/"
+  # symbols are not needed to run (the carry is limited to 64 MiB in all)
+  find "$bin" -type f -exec strip --strip-unneeded {} + 2>/dev/null
+  # the headers decode_step.sh compiles against, and the kernel the `kernel` step builds alone
+  (cd "$tree" && cp -r --parents include ggml/include ggml/src/ggml-cuda/fattn-mma-q.cuh \
+     "$t/src/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-p$hash/")
+  # runtime.json without "bin": locate() then takes the folder's own build/bin wherever the cache is
+  .venv/bin/python - "$t/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash" <<'PY' || exit 1
+import json, sys
+from ggufbridge.runtime import locate, patches
+s = patches.series()
+json.dump({"version": locate.RUNTIME_VERSION, "commit": locate.PINNED_COMMIT, "variant": "cuda",
+           "backends": ["cpu", "rpc", "cuda"], "patches": [p.path.stem for p in s],
+           "patch_hash": patches.series_hash(s), "built": "here (benchmarks/device.sh pack-runtime)"},
+          open(sys.argv[1] + "/runtime.json", "w"))
+PY
+  mkdir -p "$DEV" && echo "$hash" > "$t/HASH"
+  tar -C "$t" -cf - . | xz -T0 -9 > "$DEV/runtime-cuda.tar.xz.tmp" && mv "$DEV/runtime-cuda.tar.xz.tmp" "$DEV/runtime-cuda.tar.xz"
+  rm -rf "$t"
+  du -h "$DEV/runtime-cuda.tar.xz"
+}
+
+unpack_runtime() {  # the runtime pack-runtime made, into the cache, when it is of this checkout's series
+  local tarball=$DEV/runtime-cuda.tar.xz hash
+  [ -f "$tarball" ] || return 1
+  hash=$(python3 -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())") || return 1
+  [ "$(tar -xJOf "$tarball" ./HASH)" = "$hash" ] || { echo "device.sh: $tarball is of another series: building" >&2; return 1; }
+  local bin=$CACHE/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash/build/bin
+  [ -x "$bin/llama-server" ] || tar -xJf "$tarball" -C "$CACHE" --exclude ./HASH || return 1
+  # cuBLAS of the image (its toolkit or a Python wheel's copy), where the loader does not already find it
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcublas.so.13 '; then
+    local lib
+    lib=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)
+    [ -n "$lib" ] && export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+  # a binary built on another machine may not load here: then build after all
+  if ! "$bin/llama-server" --version > "$OUT/carried-runtime.log" 2>&1; then
+    tail -3 "$OUT/carried-runtime.log"; echo "device.sh: the carried runtime does not start here: building" >&2
+    rm -rf "${bin%/build/bin}"
+    return 1
+  fi
+  echo "runtime: the one built here (pack-runtime), series $hash: $(grep -m1 version "$OUT/carried-runtime.log")"
+}
+
 setup_device() {  # [--no-runtime | BUILD_RUNTIME_ARGS...]: the device's Python path and wheels; the patched runtime
                   # (scripts/build_runtime.sh --cuda, with what a job needs beside it: --tests, --target T)
   [ -f "$DEV/llama-src.tgz" ] || { echo "device.sh: no $DEV/: run benchmarks/device.sh pack first" >&2; exit 2; }
@@ -88,7 +155,9 @@ setup_device() {  # [--no-runtime | BUILD_RUNTIME_ARGS...]: the device's Python 
   mkdir -p "$CACHE/src"
   [ -f "$CACHE/src/$SDIST/.extracted" ] || { tar -xzf "$DEV/llama-src.tgz" -C "$CACHE/src" && touch "$CACHE/src/$SDIST/.extracted"; }
   local t0=$SECONDS
-  bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" "$@" > "$OUT/build-runtime.log" 2>&1 \
+  # libcublas/libcudart of the image's toolkit, for binaries that were not linked on this machine
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  unpack_runtime || bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" "$@" > "$OUT/build-runtime.log" 2>&1 \
     || { tail -30 "$OUT/build-runtime.log"; exit 1; }
   export RUNTIME_BIN
   RUNTIME_BIN=$(python3 -c "from ggufbridge.runtime.locate import locate; print(locate().bin_dir)") || exit 1
@@ -103,6 +172,7 @@ setup_device() {  # [--no-runtime | BUILD_RUNTIME_ARGS...]: the device's Python 
 job=${1:-}; shift || true
 case $job in
   pack) pack "$@" ;;
+  pack-runtime) pack_runtime "$@" ;;
   pytest) setup_device; exec bash benchmarks/gpu/pytest_gpu.sh "$@" ;;
   recipes) setup_device; exec bash benchmarks/gpu/recipes_h200.sh "$@" ;;
   vision) setup_device; exec bash benchmarks/gpu/vision_cuda.sh "$@" ;;
@@ -114,5 +184,5 @@ case $job in
   fattn) setup_device $(case " $* " in *" fatest "*) echo --tests;; esac) --target llama-batched-bench
          exec bash benchmarks/gpu/fattn_h200.sh "$@" ;;
   streams) setup_device --target llama-batched-bench; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
-  *) sed -n 2,27p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
+  *) sed -n 2,34p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
 esac

@@ -11,9 +11,10 @@
 #              and point it at the libraries built here.
 # --tests / --target T: also configure the tree's own tests and build test-backend-ops / also build the tree's
 #              target T (e.g. llama-batched-bench): what the GPU benchmarks run beside the runtime.
-# --without-patch NAME: the series without the one patch whose file name contains NAME, built into its own cache
-#              folder (the series hash keys it), so that a build with and one without a patch can be compared
-#              side by side (benchmarks/device.sh fattn). ggufbridge itself only ever finds the full series.
+# --without-patch NAME: the series without the one patch whose file name contains NAME (repeatable: without each),
+#              built into its own cache folder (the series hash keys it), so that a build with and one without a
+#              patch can be compared side by side (benchmarks/device.sh fattn). ggufbridge itself only ever finds the
+#              full series.
 # Once built it prints "build_runtime: runtime ready in BIN_DIR" (benchmarks/device.sh reads BIN_DIR from it).
 set -euo pipefail
 
@@ -27,7 +28,7 @@ PY=""
 SOURCE_ONLY=0
 TESTS=0
 EXTRA_TARGETS=()
-WITHOUT=""
+WITHOUT=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) CUDA=1 ;;
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     --source-only) SOURCE_ONLY=1 ;;
     --tests) TESTS=1; EXTRA_TARGETS+=(test-backend-ops) ;;
     --target) EXTRA_TARGETS+=("${2:?--target needs a target name}"); shift ;;
-    --without-patch) WITHOUT="${2:?--without-patch needs a patch name}"; shift ;;
+    --without-patch) WITHOUT+=("${2:?--without-patch needs a patch name}"); shift ;;
     -h|--help) sed -n 2,17p "$0"; exit 0 ;;
     *) echo "build_runtime: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -51,23 +52,25 @@ VARIANT=cpu
 PATCH_DIR="$(cd "$(dirname "$0")/.." && pwd)/patches/llama.cpp"
 PATCHES=()
 [ -d "$PATCH_DIR" ] && while IFS= read -r f; do PATCHES+=("$f"); done < <(find "$PATCH_DIR" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' | sort)
-if [ -n "$WITHOUT" ]; then
+dropped_all=()
+for name in "${WITHOUT[@]}"; do
   KEPT=()
   dropped=()
   for f in "${PATCHES[@]}"; do
-    case "$(basename "$f")" in *"$WITHOUT"*) dropped+=("$(basename "$f")") ;; *) KEPT+=("$f") ;; esac
+    case "$(basename "$f")" in *"$name"*) dropped+=("$(basename "$f")") ;; *) KEPT+=("$f") ;; esac
   done
   if [ ${#dropped[@]} -ne 1 ]; then
-    echo "build_runtime: --without-patch '$WITHOUT' names ${#dropped[@]} patches of the series (${dropped[*]:-none}), not one" >&2
+    echo "build_runtime: --without-patch '$name' names ${#dropped[@]} patches of the series (${dropped[*]:-none}), not one" >&2
     exit 2
   fi
   PATCHES=("${KEPT[@]}")
-fi
+  dropped_all+=("${dropped[0]}")
+done
 PHASH=none
 if [ ${#PATCHES[@]} -gt 0 ]; then
   PHASH=$(for f in "${PATCHES[@]}"; do basename "$f"; cat "$f"; done | sha256sum | cut -c1-12)
 fi
-[ -n "$WITHOUT" ] && echo "build_runtime: the series without ${dropped[0]} (hash $PHASH)" >&2
+[ ${#WITHOUT[@]} -gt 0 ] && echo "build_runtime: the series without ${dropped_all[*]} (hash $PHASH)" >&2
 PREFIX="$CACHE/llama.cpp-$VERSION-$VARIANT-p$PHASH"
 SRC="$CACHE/src/llama_cpp_python-$VERSION"         # pristine sdist (also the bindings' Python sources)
 TREE="$CACHE/src/llama.cpp-$VERSION-p$PHASH"         # the vendored llama.cpp with the patches applied

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Device job `benchmarks/device.sh fattn STEP...` (issue 24): flash-attention decode at depth with quantized K/V,
-# without (b0) and with (b1) the GQA patch (patches/llama.cpp/*fattn-gqa*). b1 is the runtime device.sh built (with
-# --tests: test-backend-ops); b0 is the same binaries with GGML_CUDA_FA_MMA_Q_MAX_BATCH=0: the patch adds one
-# branch in front of the stock kernel choice and nothing else, so with it off every call takes the stock kernel
-# (FATTN_B0=build builds the series --without-patch fattn-gqa instead, in its own cache folder: a second full
-# build). Steps (each skips what a warm machine already has):
+# Device job `benchmarks/device.sh fattn STEP...` (issue 24): decode at depth with quantized K/V, without (b0) and
+# with (b1) the patches for it: the GQA kernel (patches/llama.cpp/*fattn-gqa*) and the KQ-mask fill
+# (*mask-seq-summary*). b1 is the runtime device.sh built or unpacked (with test-backend-ops); by default b0 is the
+# same binaries with GGML_CUDA_FA_MMA_Q_MAX_BATCH=0 (the kernel patch adds one branch in front of the stock kernel
+# choice, so with it off every call takes the stock kernel; the mask patch stays). FATTN_B0=build builds the series
+# without both patches instead, in its own cache folder: a second full build, the anchor docs/benchmarks.md reports.
+# Steps (each skips what a warm machine already has):
 #   build    the files: the hq3m random-weight target (17.48 GB) and the oracle pair (make_fullsize_gguf.py
 #            --oracle), on a RAM-backed tmpfs; b0 too if FATTN_B0=build
 #   kernel   the patch's kernel alone (benchmarks/gpu/fattn_kernel): against an f32 reference, and its times beside
@@ -13,8 +14,8 @@
 #            quantized K/V, and kernel times at GQA 8 / head 256 for b0 and b1 ($OUT/fa-perf.txt)
 #   exact-KV greedy 64 tokens at 32k depth: b0, b0 again (the noise floor), b1: identical tokens, top-20 KL
 #            against the first run ($OUT/exact.json)
-#   depth-KV target-only decode at 1k/32k/128k/256k (hq3m, the h200 recipe's flags with K/V type KV), b0 and b1
-#            (f16: b1 only, f16 K/V never reach the changed code) ($OUT/depth.json)
+#   depth-KV target-only decode at $LENGTHS (1k/32k/128k/250k) (hq3m, the h200 recipe's flags with K/V type KV), b0 and b1
+#            (f16 K/V never reach the kernel: b0 only when it is a build, for the mask patch) ($OUT/depth.json)
 #   where-KV  one decode step at each depth taken apart, no server (decode_step.cpp): time in llama_decode (host),
 #            the whole step ($OUT/where.jsonl)
 #   kernels-KV the kernels of two steps at 1k and 256k by name, from ncu ($OUT/where-kernels-KV.txt)
@@ -24,7 +25,7 @@
 set -uo pipefail
 O=$OUT; S=$WORK/shm; L=$WORK/logs; R=$WORK/recipes; mkdir -p $S $L $R
 mountpoint -q $S || mount -t tmpfs -o size=100G tmpfs $S || echo "no tmpfs at $S"
-LENGTHS=1k,32k,128k,256k
+LENGTHS=${FATTN_LENGTHS:-1k,32k,128k,250k}  # the issue's depths (250k = 256,000 tokens)
 t() { echo "== $(date +%T) $*"; }
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }  # the logs travel back as one file
 gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
@@ -36,10 +37,11 @@ OFF=GGML_CUDA_FA_MMA_Q_MAX_BATCH=0  # the patch's kernel off: the stock kernel c
 bin() {  # bin b0|b1: the build's bin folder ($WORK/bN); b0 is b1 unless FATTN_B0=build (then built first)
   if [ $1 = b0 ] && [ "${FATTN_B0:-}" = build ] && [ ! -x $WORK/b0/llama-server ]; then
     local t0=$SECONDS d
-    bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" --without-patch fattn-gqa > $L/build-b0.log 2>&1 \
+    bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" --without-patch fattn-gqa \
+      --without-patch mask-seq-summary --target llama-batched-bench > $L/build-b0.log 2>&1 \
       || { tail -30 $L/build-b0.log >&2; return 1; }
     d=$(sed -n 's/^build_runtime: runtime ready in //p' $L/build-b0.log)
-    ln -sfn "$d" $WORK/b0 && echo "b0 (the series without the fattn-gqa patch): $d ($((SECONDS - t0)) s)" >&2
+    ln -sfn "$d" $WORK/b0 && echo "b0 (the series without the fattn-gqa and mask-seq-summary patches): $d ($((SECONDS - t0)) s)" >&2
   fi
   if [ $1 = b0 ] && [ "${FATTN_B0:-}" != build ]; then echo $WORK/b1; else echo $WORK/$1; fi
 }
@@ -90,17 +92,22 @@ exact-q8_0|exact-q4_0)
 depth-q8_0|depth-q4_0|depth-f16)
   kv=${step#depth-}
   for b in b0 b1; do
-    [ $kv = f16 ] && [ $b = b0 ] && continue  # f16 K/V never reach the changed code
+    # f16 K/V never reach the kernel: with b0 the env switch, b0 would be b1
+    [ $kv = f16 ] && [ $b = b0 ] && [ "${FATTN_B0:-}" != build ] && continue
     B=$(bin $b) || exit 1
     r=$(python3 benchmarks/gpu/fattn_bench.py recipe $R --kv $kv)
     env $(benv $b) python3 benchmarks/gpu/recipe_bench.py measure $S/hq3m --recipe $r --tag $b-$kv --ctx 262144 \
       --lengths $LENGTHS --llama-bin $B --json $O/depth.json --logdir $L 2>&1 | grep -v "log accounting"
   done ;;
 where-q8_0|where-q4_0|where-f16)
-  # one decode step at 1k..256k taken apart, no server (decode_step.cpp on b1): time in llama_decode (host) and the
-  # whole step; kernels-KV: the kernels of two steps at 1k and at 256k by name (ncu)
-  bash benchmarks/gpu/decode_step.sh -m $S/hq3m/target.gguf --kv ${step#where-} --depths 1024,32768,131072,262144 \
-    --tag b1 | tee -a $O/where.jsonl ;;
+  # one decode step at 1k..256k taken apart, no server (decode_step.cpp on b1, and b0 when it is a build): time in
+  # llama_decode (host) and the whole step; kernels-KV: the kernels of two steps at 1k and at 256k by name (ncu)
+  for b in b0 b1; do
+    [ $b = b0 ] && [ "${FATTN_B0:-}" != build ] && continue  # the host part differs only between builds
+    B=$(bin $b) || exit 1
+    RUNTIME_BIN=$B bash benchmarks/gpu/decode_step.sh -m $S/hq3m/target.gguf --kv ${step#where-} \
+      --depths 1024,32768,131072,262144 --tag $b | tee -a $O/where.jsonl
+  done ;;
 kernels-q8_0|kernels-q4_0|kernels-f16)
   kv=${step#kernels-}
   bash benchmarks/gpu/decode_step.sh ncu "--depths 1024" "--depths 262144" -- -m $S/hq3m/target.gguf --kv $kv \

@@ -88,11 +88,27 @@ static void quantize(ggml_type type, const float * x, char * y, int n) {
     }
 }
 
-template <int D, int ncols1, int nw, int nb, ggml_type type>
+// The patch's two kernels as the harness launches them: flash_attn_ext_mma_q (1-16 tokens: ncols1 tokens a block, nw
+// warps, nb K/V rows a tile) and flash_attn_ext_mma_q1 (one token: nw warps, nsub 16-row pieces per warp and tile,
+// nst stages, at least minb blocks a multiprocessor)
+template <int D, ggml_type type, int ncols1_, int nw, int nb> struct Multi {
+    using L = fattn_mma_q_layout<D, ncols1_, nw, nb, type, type>;
+    static constexpr int ncols1 = ncols1_, nwarps = nw, nbatch = nb, smem = L::nbytes_shared, rb = L::rb_K;
+    static auto kernel() { return flash_attn_ext_mma_q<D, ncols1_, nw, nb, type, type>; }
+    static void name(char * s) { snprintf(s, 64, "multi c%d w%d b%d", ncols1_, nw, nb); }
+};
+template <int D, ggml_type type, int nw, int nsub, int nst, int minb> struct One {
+    using L = fattn_mma_q1_layout<D, nw, nsub, nst, type, type>;
+    static constexpr int ncols1 = 1, nwarps = nw, nbatch = L::nbatch, smem = L::nbytes_shared, rb = L::rb_K;
+    static auto kernel() { return flash_attn_ext_mma_q1<D, nw, nsub, nst, minb, type, type>; }
+    static void name(char * s) { snprintf(s, 64, "one w%d s%d st%d m%d", nw, nsub, nst, minb); }
+};
+
+template <int D, ggml_type type, class C>
 static int run(int n_kv, int n_tokens, bool check, bool use_sinks) {
-    using L = fattn_mma_q_layout<D, ncols1, nw, nb, type, type>;
+    constexpr int ncols1 = C::ncols1, nw = C::nwarps, nb = C::nbatch;
     const int n_head_kv = 2, gqa = 8, n_head = n_head_kv*gqa;
-    const int rb = L::rb_K, nb11 = n_head_kv*rb;
+    const int rb = C::rb, nb11 = n_head_kv*rb;
     const size_t kv_bytes = size_t(n_kv)*nb11;
     std::mt19937 rng(1234 + n_kv + n_tokens);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -122,10 +138,10 @@ static int run(int n_kv, int n_tokens, bool check, bool use_sinks) {
     CK(cudaMemcpy(dk, hk.data(), kv_bytes, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dv, hv.data(), kv_bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dm, hm.data(), hm.size()*2, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dsinks, hs.data(), n_head*4, cudaMemcpyHostToDevice));
 
-    auto kernel = flash_attn_ext_mma_q<D, ncols1, nw, nb, type, type>;
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::nbytes_shared));
+    auto kernel = C::kernel();
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem));
     int dev, nsm, occ; CK(cudaGetDevice(&dev)); CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 32*nw, L::nbytes_shared));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 32*nw, C::smem));
     // launch_fattn's choice of parallel blocks
     const int ntiles_x = (n_tokens + ncols1 - 1)/ncols1, ntiles_dst = ntiles_x*(gqa/8)*n_head_kv;
     const int ntiles_KV = n_kv/nb, per_wave = nsm*occ;
@@ -138,7 +154,7 @@ static int run(int n_kv, int n_tokens, bool check, bool use_sinks) {
     CK(cudaMalloc(&dtmp, size_t(pb)*n_tokens*n_head*D*4)); CK(cudaMalloc(&dmeta, size_t(pb)*n_tokens*n_head*8));
     const dim3 grid(ntiles_x, pb, (n_head/8)*1), block(32, nw);
     auto launch = [&]() {
-        kernel<<<grid, block, L::nbytes_shared>>>((const char *) dq, dk, dv, (const char *) dm, use_sinks ? (const char *) dsinks : nullptr,
+        kernel<<<grid, block, C::smem>>>((const char *) dq, dk, dv, (const char *) dm, use_sinks ? (const char *) dsinks : nullptr,
             nullptr, pb > 1 ? dtmp : dout, dmeta, 1.0f/sqrtf(float(D)), 0.0f, 1.0f, 1.0f, 0, 0.0f,
             D, fastdiv(n_tokens), n_head, 1, n_head*D*4, D*4, n_tokens*n_head*D*4,
             D, n_kv, n_head_kv, 1, nb11, rb, int64_t(kv_bytes),
@@ -172,8 +188,9 @@ static int run(int n_kv, int n_tokens, bool check, bool use_sinks) {
     CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&ms, e0, e1));
     const double us_copy = 1000.0*ms/20; // reads and writes 2*kv_bytes
     const bool ok = !check || max_err <= 5e-3*max_ref;
-    printf("%-5s D=%d tokens=%2d kv=%6d sinks=%d blocks=%3dx%d | %7.1f us | K+V %6.1f MB, copy %6.1f us (%4.2f TB/s read+write), read floor %6.1f us, %4.2fx floor | %s\n",
-        type == GGML_TYPE_Q8_0 ? "q8_0" : "q4_0", D, n_tokens, n_kv, use_sinks, pb, int(grid.x*grid.z), us,
+    char kname[64]; C::name(kname);
+    printf("%-18s %-5s D=%d tokens=%2d kv=%6d sinks=%d blocks=%3dx%d | %7.1f us | K+V %6.1f MB, copy %6.1f us (%4.2f TB/s read+write), read floor %6.1f us, %4.2fx floor | %s\n",
+        kname, type == GGML_TYPE_Q8_0 ? "q8_0" : "q4_0", D, n_tokens, n_kv, use_sinks, pb, int(grid.x*grid.z), us,
         2*kv_bytes/1e6, us_copy, 4*kv_bytes/us_copy/1e6, us_copy/2, us/(us_copy/2),
         check ? (ok ? "match" : "MISMATCH") : "not checked");
     if (check) {
@@ -186,15 +203,52 @@ static int run(int n_kv, int n_tokens, bool check, bool use_sinks) {
 }
 
 // the configuration fattn.cu launches: 8 warps, 64 K/V rows per tile; 2, 4 or 8 tokens per block
+#ifndef Q1_CFG
+#define Q1_CFG 8, 1, 2, 1 // the one-token kernel's configuration fattn.cu launches (nw, nsub, nst, minb)
+#endif
 template <int D, ggml_type type>
 static int tokens(int n_kv, int n_tokens, bool check, bool sinks) {
-    if (n_tokens <= 2) return run<D, 2, 8, 64, type>(n_kv, n_tokens, check, sinks);
-    if (n_tokens <= 4) return run<D, 4, 8, 64, type>(n_kv, n_tokens, check, sinks);
-    return run<D, 8, 8, 64, type>(n_kv, n_tokens, check, sinks);
+    if (n_tokens == 1) return run<D, type, One<D, type, Q1_CFG>>(n_kv, n_tokens, check, sinks);
+    if (n_tokens <= 2) return run<D, type, Multi<D, type, 2, 8, 64>>(n_kv, n_tokens, check, sinks);
+    if (n_tokens <= 4) return run<D, type, Multi<D, type, 4, 8, 64>>(n_kv, n_tokens, check, sinks);
+    return run<D, type, Multi<D, type, 8, 8, 64>>(n_kv, n_tokens, check, sinks);
 }
 
-int main() {
+// one token: configurations of the one-token kernel against the 1-16-token kernel, checked at 1k/4k rows, timed at depth
+template <ggml_type type, class C>
+static int variant() {
+    int bad = run<256, type, C>(1024, 1, true, true) + run<256, type, C>(4096, 1, true, false);
+    for (int kv : {32768, 131072, 262144}) bad += run<256, type, C>(kv, 1, false, false);
+    return bad;
+}
+template <ggml_type type>
+static int variants() {
+    int bad = variant<type, Multi<256, type, 2, 8, 64>>();
+    bad += variant<type, One<256, type, 8, 1, 3, 1>>();
+    bad += variant<type, One<256, type, 4, 1, 3, 2>>();
+    bad += variant<type, One<256, type, 8, 1, 2, 1>>();
+    bad += variant<type, One<256, type, 4, 1, 2, 3>>();
+    bad += variant<type, One<256, type, 8, 1, 3, 2>>();
+    return bad;
+}
+
+int main(int argc, char ** argv) {
     int bad = 0;
+    if (argc > 2 && strcmp(argv[1], "prof") == 0) {
+        // one configuration at 262,144 rows, for a profiler (ncu -k regex:mma_q1 -c 1): 0-3 = q8_0 st2, q8_0 st3,
+        // q4_0 st2, q4_0 st3 (8 warps)
+        switch (atoi(argv[2])) {
+            case 0: return run<256, GGML_TYPE_Q8_0, One<256, GGML_TYPE_Q8_0, 8, 1, 2, 1>>(262144, 1, false, false);
+            case 1: return run<256, GGML_TYPE_Q8_0, One<256, GGML_TYPE_Q8_0, 8, 1, 3, 1>>(262144, 1, false, false);
+            case 2: return run<256, GGML_TYPE_Q4_0, One<256, GGML_TYPE_Q4_0, 8, 1, 2, 1>>(262144, 1, false, false);
+            default: return run<256, GGML_TYPE_Q4_0, One<256, GGML_TYPE_Q4_0, 8, 1, 3, 1>>(262144, 1, false, false);
+        }
+    }
+    if (argc > 1 && strcmp(argv[1], "variants") == 0) {
+        bad = variants<GGML_TYPE_Q8_0>() + variants<GGML_TYPE_Q4_0>();
+        printf("%s\n", bad ? "FAILED" : "all checked cases match");
+        return bad ? 1 : 0;
+    }
     printf("correctness (random data, masked holes, causal tail):\n");
     bad += tokens<256, GGML_TYPE_Q8_0>(1024, 1, true, true);
     bad += tokens<256, GGML_TYPE_Q8_0>(1024, 2, true, false);
