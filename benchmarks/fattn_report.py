@@ -61,9 +61,8 @@ def where_table(final: dict) -> str:
     for b in ("b0", "b1"):
         by = {p["depth"]: p for p in pts if p["tag"] == b}
         if by:
-            lines.append(f"| {NAMES[b]}: host in llama_decode / whole step, ms | " +
-                         " | ".join(f"{by[d]['host_ms']:.2f} / {by[d]['step_ms']:.2f}" if d in by else "" for d in depths)
-                         + " |")
+            cells = [f"{by[d]['host_ms']:.2f} / {by[d]['step_ms']:.2f}" if d in by else "" for d in depths]
+            lines.append(f"| {NAMES[b]}: host in llama_decode / whole step, ms | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -46,8 +46,8 @@ def main() -> int:
     draft = pl.DraftShape(n_layer=5, n_head_kv=2, key_length=256, value_length=256, weight_bytes=DRAFT_BYTES,
                           block_size=15)
     rows = ["| recipe | file | context per slot | slots that fit (of 16), experts where one slot has them | "
-            "its default | per extra slot: KV + state on the device, checkpoints in RAM | with the draft (8,192 "
-            "tokens): slots that fit |",
+            "its default | per extra slot: KV + state on the device, checkpoints in RAM | with the draft (at its "
+            "`draft.ctx_cap`): slots that fit |",
             "|---|---|---:|---:|---:|---|---:|"]
     for name, quant in FILES.items():
         recipe = load_recipe(name)
@@ -58,8 +58,9 @@ def main() -> int:
         kv = f.get("kv_total", 0) / max(1, f.get("slots", 1))
         state = f.get("state_per_slot", 0)
         per = f"{kv / GIB:.2f} GiB + {state / 2**20:.0f} MiB, {32 * state / GIB:.2f} GiB" if plan else "n/a"
+        cap = min(recipe.server["ctx"], recipe.draft["ctx_cap"])
         rows.append(f"| `{name}` | {quant} | {recipe.server['ctx']:,} | {n}{'+' if n == 16 else ''} | "
-                    f"{recipe.server['parallel']} | {per} | {nd}{'+' if nd == 16 else ''} |")
+                    f"{recipe.server['parallel']} | {per} | {nd}{'+' if nd == 16 else ''} at {cap:,} |")
     print("\n".join(rows))
     return 0
 

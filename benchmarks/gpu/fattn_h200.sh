@@ -62,15 +62,15 @@ kernel)
 fatest)
   # upstream's FLASH_ATTN_EXT tests on CUDA0 against the CPU, patched build: every GQA 8/16 case with quantized K/V
   # (the patch's kernel: 1-16 tokens, 1k and 32k K/V rows, sinks, two sequences, a permuted layout)
-  B1=$(bin b1); export LD_LIBRARY_PATH=$B1
+  B1=$(bin b1); export LD_LIBRARY_PATH=$B1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   timeout 300 $B1/test-backend-ops -o FLASH_ATTN_EXT -b CUDA0 -p "nr23=\[(8|16),[0-9]\].*type_K=(q8_0|q4_0)" \
     > $L/fa-test.log 2>&1
   echo "test-backend-ops (GQA 8/16, quantized K/V) rc $?"; grep -E "FAIL|tests passed" $L/fa-test.log | tail -5
   # kernel times for GQA 8 / head 256 from the patched build's test binary, with the patch's kernel off (b0) and on
   P="hsk=256,hsv=256,nh=2,nr23=\[8,1\],kv=(1024|32768|131072|262144),nb=(1|5|16),"
-  for b in b0 b1; do
-    env $(benv $b) timeout 90 $B1/test-backend-ops perf -o FLASH_ATTN_EXT -b CUDA0 -p "$P" > $L/fa-perf-$b.log 2>&1
-  done
+  # one binary, so the kernel-off column is always the env switch (FATTN_B0=build changes only the other steps' b0)
+  env $OFF timeout 90 $B1/test-backend-ops perf -o FLASH_ATTN_EXT -b CUDA0 -p "$P" > $L/fa-perf-b0.log 2>&1
+  timeout 90 $B1/test-backend-ops perf -o FLASH_ATTN_EXT -b CUDA0 -p "$P" > $L/fa-perf-b1.log 2>&1
   python3 - $L <<'PY' | tee $O/fa-perf.txt
 import re, sys
 from pathlib import Path
