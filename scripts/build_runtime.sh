@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     --tests) TESTS=1; EXTRA_TARGETS+=(test-backend-ops) ;;
     --target) EXTRA_TARGETS+=("${2:?--target needs a target name}"); shift ;;
     --without-patch) WITHOUT+=("${2:?--without-patch needs a patch name}"); shift ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
     *) echo "build_runtime: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
