@@ -125,17 +125,25 @@ def _serve(target, draft, tmp_path, tag, prompts, *, concurrent: bool):
     slots = {"slots": _slot_args(target)} if concurrent else {}
     with llama_server(target, draft, extra=N_MAX, log_path=log, **slots) as url:
         if concurrent:
-            res = _concurrently(url, prompts)
+            # a loaded machine can wake a client thread after another request already ended (seen on CI: 0.5 ms
+            # late): such a round says nothing about concurrency, so it is run again, up to 3 times
+            for _ in range(3):
+                res = _concurrently(url, prompts)
+                if _overlapped(res):
+                    break
         else:
             res = [(*greedy(url, p, N_PREDICT), 0.0, 0.0) for p in prompts]
     return res, log.read_text(errors="replace")
 
 
+def _overlapped(res) -> bool:
+    """Every request started before any ended: (tokens, timings, start, end) per request."""
+    return max(r[2] for r in res) < min(r[3] for r in res)
+
+
 def _check_concurrent(res, log_text):
     """The requests really overlapped in time and were served by as many different slots."""
-    latest_start = max(r[2] for r in res)
-    earliest_end = min(r[3] for r in res)
-    assert latest_start < earliest_end, "the requests did not overlap"
+    assert _overlapped(res), "the requests did not overlap"
     assert {int(m) for m in SLOT_RE.findall(log_text)} == set(range(N_STREAMS))
     assert f"n_slots = {N_STREAMS}, n_ctx_slot = 512, kv_unified = 'true'" in log_text
 
