@@ -19,13 +19,18 @@ FILES = {"rtx4090": "hq3m", "spark": "q8_0", "spark-x2": "bf16", "h200": "q4_k_m
 DRAFT_BYTES = int(0.81 * GIB)  # make_fullsize_gguf.py's DSpark draft, F16 (docs/benchmarks.md, "GPU (H200)")
 
 
+def slot_context(recipe, draft=None) -> int:
+    """The context each slot gets: the recipe's, at most its draft.ctx_cap with a draft."""
+    return recipe.server["ctx"] if draft is None else min(recipe.server["ctx"], recipe.draft["ctx_cap"])
+
+
 def most_slots(target, recipe, *, draft=None, top=16) -> tuple[int, object]:
     """The most slots (<= top) that fit at the recipe's full context (never shrunk) without moving more routed
     experts to host memory than one slot does, and that plan."""
     from ggufbridge.errors import PlanError
     from ggufbridge.runtime import memory as pl
 
-    ctx = recipe.server["ctx"] if draft is None else min(recipe.server["ctx"], recipe.draft["ctx_cap"])
+    ctx = slot_context(recipe, draft)
     best = (0, None)
     for n in range(1, top + 1):
         try:
@@ -58,7 +63,7 @@ def main() -> int:
         kv = f.get("kv_total", 0) / max(1, f.get("slots", 1))
         state = f.get("state_per_slot", 0)
         per = f"{kv / GIB:.2f} GiB + {state / 2**20:.0f} MiB, {32 * state / GIB:.2f} GiB" if plan else "n/a"
-        cap = min(recipe.server["ctx"], recipe.draft["ctx_cap"])
+        cap = slot_context(recipe, draft)
         rows.append(f"| `{name}` | {quant} | {recipe.server['ctx']:,} | {n}{'+' if n == 16 else ''} | "
                     f"{recipe.server['parallel']} | {per} | {nd}{'+' if nd == 16 else ''} at {cap:,} |")
     print("\n".join(rows))
