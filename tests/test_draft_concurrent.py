@@ -120,10 +120,10 @@ def _join_a_stream(url: str, prompts: list, n_first: int, after: int):
     return (first["text"], first["timings"], first["end"]), out
 
 
-def _serve(target, draft, tmp_path, tag, prompts, *, concurrent: bool):
+def _serve(target, draft, tmp_path, tag, prompts, *, concurrent: bool, extra: tuple[str, ...] = ()):
     log = tmp_path / f"server-{tag}.log"
     slots = {"slots": _slot_args(target)} if concurrent else {}
-    with llama_server(target, draft, extra=N_MAX, log_path=log, **slots) as url:
+    with llama_server(target, draft, extra=N_MAX + extra, log_path=log, **slots) as url:
         if concurrent:
             # a loaded machine can wake a client thread after another request already ended (seen on CI: 0.5 ms
             # late): such a round says nothing about concurrency, so it is run again, up to 3 times
@@ -173,6 +173,28 @@ def test_four_drafted_streams_equal_target_only_per_stream(random_pair, tmp_path
         assert timings.get("draft_n", 0) > 0, timings  # this stream really drafted
         rejected += timings["draft_n"] - timings["draft_n_accepted"]
     assert rejected > 0  # rollbacks happened while other streams decoded
+
+
+def test_four_streams_sampled_in_the_graph_equal_target_only_per_stream(random_pair, tmp_path):
+    """The GPU recipes' `backend_sampling` (llama-server --backend-sampling: each slot's sampler chain runs in the
+    decode graph instead of on the server thread after it): four concurrent streams, target-only and drafted, each
+    as if alone without it; the runtime took every chain into the graph (it warns for one it cannot offload,
+    src/llama-context.cpp set_sampler)."""
+    _, target, draft, alone = random_pair
+    bs = ("--backend-sampling",)
+    plain, plain_log = _serve(target, None, tmp_path, "bs-plain4", RANDOM_PROMPTS, concurrent=True, extra=bs)
+    spec, spec_log = _serve(target, draft, tmp_path, "bs-spec4", RANDOM_PROMPTS, concurrent=True, extra=bs)
+    _check_concurrent(plain, plain_log)
+    _check_concurrent(spec, spec_log)
+    for log_text in (plain_log, spec_log):
+        assert "cannot be offloaded to the backend" not in log_text
+    with llama_server(target, None, extra=bs, log_path=tmp_path / "server-bs-one.log") as url:
+        res = post_json(url + "/completion", {"prompt": RANDOM_PROMPTS[0], "n_predict": 2, "temperature": 0.0})
+    assert res["generation_settings"]["backend_sampling"] is True  # the flag reached the request
+    for prompt, (want, *_), (four, *_), (got, timings, *_) in zip(RANDOM_PROMPTS, alone, plain, spec):
+        assert four == want, prompt
+        assert got == want, prompt
+        assert timings.get("draft_n", 0) > 0, timings
 
 
 def test_drafted_streams_joining_a_drafting_one_equal_target_only(random_pair, tmp_path):

@@ -139,3 +139,22 @@ def test_cli_plan_shows_slots_and_refuses_too_many_in_one_line(tmp_path):
                                    "--dry-run"])
     assert dry.exit_code == 0 and f"slots: {n} x 4,096 tokens of context" in dry.stdout, dry.output
     assert f"-np {n} --kv-unified --kv-unified-per-slot 4096" in dry.stdout
+
+
+def test_backend_sampling_reaches_the_server_command_only_where_the_recipe_asks(tmp_path):
+    """server.backend_sampling (the GPU recipes) adds llama-server's --backend-sampling; the cpu recipe keeps the
+    host sampler (slower in the graph on a CPU, docs/benchmarks.md); a value that is not a boolean is one line."""
+    out = _folder(tmp_path)
+    assert [load_recipe(n).server["backend_sampling"] for n in ("h200", "spark", "rtx4090", "cpu")] == \
+        [True, True, True, False]
+    on = tmp_path / "on.toml"
+    on.write_text('base = "cpu"\nname = "on"\n[server]\nbackend_sampling = true\n')
+    cmd = lambda r: CliRunner().invoke(cli, ["serve", str(out), "--recipe", r, "--ctx", "4096", "--dry-run"])  # noqa: E731
+    res = cmd(str(on))
+    assert res.exit_code == 0 and " --backend-sampling" in res.stdout, res.output
+    res = cmd("cpu")
+    assert res.exit_code == 0 and "--backend-sampling" not in res.stdout, res.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text('base = "cpu"\nname = "bad"\n[server]\nbackend_sampling = "yes"\n')
+    res = cmd(str(bad))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and "backend_sampling" in res.stderr

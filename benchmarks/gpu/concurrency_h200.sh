@@ -54,7 +54,20 @@ where)
   # (host) and the whole step; then the kernels of two steps at 1 and at 8 sequences by name (ncu)
   M="-m $(model) --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
   bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8,16 --tag width | tee -a $O/step-width.jsonl
+  # the same without CUDA graphs: what launching ~1,700 kernels one by one adds at each width
+  GGML_CUDA_DISABLE_GRAPHS=1 bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag width-eager | tee -a $O/step-width.jsonl
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-width-kernels.txt ;;
+kernels)
+  # the step's kernels by name at 1 and 8 sequences on a 4-layer proxy (3 gated delta-net + 1 attention layer at
+  # the real widths: a tenth of the model's layers, the whole output head), quick to write and to profile; and
+  # llama.cpp's own MoE mat-vec timings at 1, 4 and 8 tokens (test-backend-ops perf, 128 experts of 768 x 2048)
+  [ -f $S/p4/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/p4 --tokenizer "$DEVICE_DIR/tok" \
+    --quant hq3m --layers 4 --no-draft 2>&1 | tail -2
+  M="-m $S/p4/target.gguf --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
+  bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag proxy4 | tee -a $O/step-width.jsonl
+  bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-proxy4-kernels.txt
+  "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT_ID -b CUDA0 \
+    -p "type_a=(q4_K|q6_K),.*n_mats=128,n_used=8.*m=768,n=(1|4|8)," 2>&1 | grep -E "MUL_MAT_ID|us/run" | head -20 ;;
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;

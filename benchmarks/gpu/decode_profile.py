@@ -55,7 +55,7 @@ def parse_ncu_csv(stdout: str) -> dict[str, list[float]]:
     out: dict[str, list[float]] = defaultdict(list)
     for r in csv.DictReader(io.StringIO(text)):
         try:
-            ns = float(r["gpu__time_duration.sum"])
+            ns = float(r["gpu__time_duration.sum"].replace(",", ""))  # ncu groups thousands: "12,345"
         except (KeyError, ValueError):
             continue  # the units row
         out[r["Kernel Name"]].append(ns)

@@ -14,13 +14,17 @@ X=${WORK:-/tmp}/decode_step-$P
   -lggml-base -Wl,-rpath,"$BIN" -ldl -o "$X" || exit 1
 [ "${1:-}" = ncu ] || exec "$X" "$@"
 A=$2; B=$3; shift 4
-L=${OUT:-$(mktemp -d)}/ncu-$$; mkdir -p "$L"  # kept beside the results: the raw CSV and ncu's own messages
+# the raw CSVs and ncu's own messages go to the work folder (the device brings back only a few files from $OUT)
+L=${WORK:-$(mktemp -d)}/ncu-$$; mkdir -p "$L"
 for v in A B; do
   # shellcheck disable=SC2086  # the variant's arguments are words
-  timeout 280 ncu --profile-from-start off --csv --page raw --metrics gpu__time_duration.sum --print-units base \
+  # kernels run eagerly under ncu (GGML_CUDA_DISABLE_GRAPHS): ncu profiled none of the graph-launched kernels of
+  # the timed steps (H200, 2026-12-02); a kernel's duration does not depend on how it was launched
+  GGML_CUDA_DISABLE_GRAPHS=1 timeout 280 ncu --profile-from-start off --csv --page raw --metrics gpu__time_duration.sum --print-units base \
     --clock-control none "$X" "$@" ${!v} --steps 2 --cuda-range > "$L/$v.csv" 2> "$L/$v.err" || tail -5 "$L/$v.err"
 done
-grep -h "^==" "$L/A.csv" "$L/A.err" | sort | uniq -c | head -5  # ncu's notes (e.g. "No kernels were profiled")
+grep -h "^==" "$L/A.csv" "$L/A.err" | sort | uniq -c | head -5
+grep -q '"ID"' "$L/A.csv" || { echo "ncu wrote no kernel table; its output:"; head -c 1500 "$L/A.csv"; tail -c 1500 "$L/A.err"; }  # ncu's notes (e.g. "No kernels were profiled")
 python3 - "$HERE" "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
 import sys
 sys.path.insert(0, sys.argv.pop(1))
@@ -28,9 +32,12 @@ from decode_profile import parse_ncu_csv  # the one reader of ncu's CSV
 def kernels(path):  # kernel name -> microseconds per step (2 steps profiled)
     return {k: sum(ns) / 2e3 for k, ns in parse_ncu_csv(open(path).read()).items()}
 a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
+if not a:  # show what ncu wrote where the table was expected
+    t = open(sys.argv[1]).read()
+    print(t[t.find('"ID"'):][:1200])
 la, lb = sys.argv[3], sys.argv[4]
 print(f"kernel time per step: [{la}] {sum(a.values()):.1f} us, [{lb}] {sum(b.values()):.1f} us")
 print(f"{'growth':>9}  {'A us':>8}  {'B us':>8}  kernel")
-for g, k in sorted(((b.get(k, 0) - a.get(k, 0), k) for k in set(a) | set(b)), reverse=True)[:20]:
+for g, k in sorted(((b.get(k, 0) - a.get(k, 0), k) for k in set(a) | set(b)), reverse=True)[:30]:
     print(f"{g:9.1f}  {a.get(k, 0):8.1f}  {b.get(k, 0):8.1f}  {k[:110]}")
 PY

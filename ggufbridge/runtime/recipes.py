@@ -107,6 +107,10 @@ SCHEMA = {
         "cache_type_k": (_choice(KV_TYPES), "f16"), "cache_type_v": (_choice(KV_TYPES), "f16"),
         "n_gpu_layers": (_layers, "auto"), "n_cpu_moe": (_layers, 0), "mmproj_offload": (_bool, True),
         "threads": (_int(1, MAX_THREADS), None), "extra_args": (None, []),
+        # each slot's sampler chain in the decode graph (llama-server --backend-sampling) instead of on the server
+        # thread after every decode; a request that needs what the graph cannot do (grammar, a reasoning budget,
+        # pre-sampling probabilities) samples on the host as before (docs/benchmarks.md, "Many clients at once")
+        "backend_sampling": (_bool, False),
         # thinking off unless asked, as upstream's recommended serving ({"enable_thinking": false})
         "think": (_bool, False), "reasoning_budget": (_int(-1), -1),
     },

@@ -65,6 +65,8 @@ def _common_args(recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOp
     if opts.rpc:
         a += ["--rpc", ",".join(opts.rpc)] + device_args(recipe, plan, mmproj=art.mmproj is not None,
                                                          draft=opts.draft)
+    if srv["backend_sampling"]:
+        a.append("--backend-sampling")
     threads = opts.threads or srv["threads"]
     if threads:
         a += ["-t", str(threads)]
