@@ -52,6 +52,26 @@ def test_level_summary_from_streams():
     assert row["aggregate_decode_tok_s"] == 30.0 and row["mean_stream_decode_tok_s"] == 15.0
     assert row["ttft_p50_s"] == pytest.approx(0.5) and row["ttft_p95_s"] == pytest.approx(0.95)
     assert row["completion_tokens"] == 83 and row["output_tok_s"] == pytest.approx(83 / 5.0)
+    assert row["steady_decode_tok_s"] is None  # stream 2 ended (0.3 s) before stream 1 began decoding (1.0 s)
+
+
+def test_steady_decode_counts_only_the_window_where_every_stream_decodes():
+    """Stream 0 decodes from 0.5 s alone until stream 1's first token at 1.0 s (a prefill beside it) and ends at
+    2.0 s; stream 1 goes on to 3.0 s. The window is (1.0, 2.0]: 10 + 5 tokens in 1 s, not the sum of the rates.
+    Tokens are counted from the server's running count, not from chunks: stream 0's chunk at 1.5 s carries two
+    tokens (the first ended inside a UTF-8 character), and that chunk's arrival is where both count."""
+    def mk(i, first, end, n, skip=None):
+        at = list(np.linspace(first, end, n))
+        prog = [(t, k + 1) for k, t in enumerate(at) if k != skip]
+        return cc.Stream("target", 2, i, 0.0, first, end, n, 40, "x", progress=prog)
+    a = mk(0, 0.5, 2.0, 16, skip=9)  # 0.1 s apart: tokens 7..16 in (1.0, 2.0], token 10 sent with token 11
+    b = mk(1, 1.0, 3.0, 11)          # 0.2 s apart: 5 in (1.0, 2.0]
+    assert len(a.progress) == 15
+    assert cc.steady_decode([a, b]) == (pytest.approx(15.0), pytest.approx(1.0))
+    row = cc.summarize_level([a, b], wall=3.0)
+    assert row["steady_decode_tok_s"] == pytest.approx(15.0)
+    assert row["aggregate_decode_tok_s"] == pytest.approx(15 / 1.5 + 10 / 2.0)
+    assert cc.steady_decode([mk(0, 0.5, 0.9, 5), mk(1, 1.0, 3.0, 11)]) == (None, 0.0)
 
 
 @pytest.mark.slow
@@ -81,6 +101,12 @@ def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
         rates = [(s["completion_tokens"] - 1) / (s["end_s"] - s["first_s"]) for s in streams]
         assert row["per_stream_decode_tok_s"] == pytest.approx(rates)
         assert row["aggregate_decode_tok_s"] == pytest.approx(sum(rates))
+        # the server's running count reached every token; the steady figure recounted from it
+        assert all(s["progress"][-1][1] == n for s in streams)
+        lo, hi = max(s["first_s"] for s in streams), min(s["end_s"] for s in streams)
+        by = lambda s, t: max((k for at, k in s["progress"] if at <= t), default=0)  # noqa: E731
+        inside = sum(by(s, hi) - by(s, lo) for s in streams)
+        assert row["steady_decode_tok_s"] == pytest.approx(inside / (hi - lo)) and row["steady_window_s"] > 0
         ttfts = [s["first_s"] - s["start_s"] for s in streams]
         assert row["ttft_p50_s"] == pytest.approx(float(np.percentile(ttfts, 50)))
         assert row["ttft_p95_s"] == pytest.approx(float(np.percentile(ttfts, 95)))

@@ -90,13 +90,18 @@ def complete_stream(url: str, ids: list[int] | str, n_predict: int, api_key: str
 
 
 def chat_stream(url: str, prompt: str, n_predict: int, t0: float, api_key: str | None = None,
-                timeout: float = 3600.0) -> tuple[float, float | None, float | None, str, dict, dict]:
+                timeout: float = 3600.0, progress: list[tuple[float, int]] | None = None,
+                ) -> tuple[float, float | None, float | None, str, dict, dict]:
     """One greedy streamed chat completion through the OpenAI API, as a client sees it: (start, first content,
     last content, all perf_counter() - t0; text; usage; the server's timings). EOS is ignored and the prompt cache
-    is not used."""
+    is not used. `progress`, if given, receives (arrival time, tokens generated so far) for every chunk: the
+    request asks for llama-server's timings in every chunk (`timings_per_token`), because a chunk is not a token
+    (a token that ends inside a UTF-8 character streams nothing until the next one completes it)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n_predict, "temperature": 0.0,
             "top_k": 1, "seed": 0, "stream": True, "stream_options": {"include_usage": True},
             "ignore_eos": True, "cache_prompt": False}
+    if progress is not None:
+        body["timings_per_token"] = True
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     if api_key:
@@ -122,6 +127,8 @@ def chat_stream(url: str, prompt: str, n_predict: int, t0: float, api_key: str |
                     text += piece
             usage = chunk.get("usage") or usage
             timings = chunk.get("timings") or timings
+            if progress is not None and isinstance(chunk.get("timings"), dict):
+                progress.append((time.perf_counter() - t0, int(chunk["timings"].get("predicted_n", 0))))
     return start, first, last, text, usage, timings
 
 
