@@ -8,11 +8,13 @@
 #   build        the hq3m file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs
 #   timing       the decode step alone, no server and no sampling: llama-batched-bench at 1, 2, 4, 8, 16 sequences
 #                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
-#   bench        `ggufbridge bench --concurrency 1,2,4,8` on the hq3m file, target only: one llama-server with -np 8
-#                (the planner's slots: a unified pool, each slot capped at its context), q8_0 KV as the issue's
-#                before-table, 1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
-#   bench-bs     the same with llama-server's --backend-sampling (the sampler chain in the graph on the GPU instead
-#                of each slot's on the server thread, between decodes); $OUT/concurrency-bs/*
+#   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
+#   bench        `ggufbridge bench --concurrency 1,2,4,8` on the hq3m file, target only, the h200 recipe as shipped
+#                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the table: one
+#                llama-server with -np 8 (the planner's slots: a unified pool, each slot capped at its context),
+#                1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
+#   bench-host   the same with each slot's sampler chain on the server thread between decodes
+#                (backend_sampling = false: the runtime's default, the before-table); $OUT/concurrency-host/*
 #   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
 #   where        the step at 1, 2, 4, 8, 16 sequences taken apart, no server (decode_step.cpp): time in llama_decode
@@ -24,28 +26,31 @@
 set -uo pipefail
 O=$OUT; S=$WORK/shm; L=$WORK/logs; R=$WORK/recipes; mkdir -p $S $L $R
 mountpoint -q $S || mount -t tmpfs -o size=60G tmpfs $S || echo "no tmpfs at $S"
-# the before-table: the h200 recipe with a q8_0 KV cache; and the same with sampling on the GPU
+# the table: the h200 recipe with a q8_0 KV cache; and the same with sampling on the server thread
 printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\n' > $R/h200-q8kv.toml
-printf 'base = "h200"\nname = "h200-q8kv-bs"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nextra_args = ["--backend-sampling"]\n' \
-  > $R/h200-q8kv-bs.toml
+printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
+  > $R/h200-q8kv-host.toml
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
 t() { echo "== $(date +%T) $*"; }
-steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-bs bench-draft)
+steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
 model() { echo $S/hq3m/target.gguf; }
 for step in "${steps[@]}"; do t "$step"; case $step in
 build)
   [ -f $S/hq3m/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/hq3m --tokenizer "$DEVICE_DIR/tok" \
     --quant hq3m 2>&1 | tail -3
   ls -la $S/hq3m ;;
+build-target)
+  [ -f $S/hq3m/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/hq3m --tokenizer "$DEVICE_DIR/tok" \
+    --quant hq3m --no-draft 2>&1 | tail -3 ;;
 timing)
   timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
     --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-h200.json 2>&1 | tail -20 ;;
 bench)
   timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
     --prompt-lengths 1k -n 128 -o $O/concurrency 2>&1 | tail -20 ;;
-bench-bs)
-  timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv-bs.toml --concurrency 1,2,4,8 \
-    --prompt-lengths 1k -n 128 -o $O/concurrency-bs 2>&1 | tail -20 ;;
+bench-host)
+  timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 \
+    --prompt-lengths 1k -n 128 -o $O/concurrency-host 2>&1 | tail -20 ;;
 bench-draft)
   timeout 300 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
     --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
@@ -71,6 +76,7 @@ kernels)
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
-*) echo "streams: unknown step $step (all build timing where bench bench-bs bench-draft profile)" >&2; exit 2 ;;
+*) echo "streams: unknown step $step (all build build-target timing where kernels bench bench-host bench-draft profile)" >&2
+   exit 2 ;;
 esac; keep_logs; done
 t done
