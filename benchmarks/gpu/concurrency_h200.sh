@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Device job `benchmarks/device.sh streams STEP...` (issue 28): many clients at once on one H200, at the real
 # 35B-A3B shapes, on the runtime device.sh built (with --target llama-batched-bench).
-# NOT RUN YET: written without device time. Steps, in order (each skips what is already there, so a warm machine
-# resumes); `all` = build timing bench bench-bs bench-draft, the one call that measures the issue's before/after
+# First run on the H200 2026-12-02 (where, kernels, bench, bench-host; docs/benchmarks.md). Steps, in order (each
+# skips what is already there, so a warm machine resumes); `all` = build timing bench bench-host bench-draft, the one call that measures the issue's before/after
 # (~9 min on a bare machine with the runtime build, most of it the build; the steps most worth having come first,
 # so a call cut short keeps them; see docs/benchmarks.md "Where the batch-2…16 decode step goes"):
 #   build        the hq3m file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs
+#   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
 #   timing       the decode step alone, no server and no sampling: llama-batched-bench at 1, 2, 4, 8, 16 sequences
 #                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
-#   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
 #   bench        `ggufbridge bench --concurrency 1,2,4,8` on the hq3m file, target only, the h200 recipe as shipped
 #                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the issue's table: one
 #                llama-server with -np 8 (the planner's slots: a unified pool, each slot capped at its context),
@@ -19,7 +19,13 @@
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
 #   where        the step at 1, 2, 4, 8, 16 sequences taken apart, no server (decode_step.cpp): time in llama_decode
 #                (host), the whole step ($OUT/step-width.jsonl); kernels of two steps at 1 and 8 sequences by name,
-#                from ncu ($OUT/step-width-kernels.txt)
+#                from ncu ($OUT/step-width-kernels.txt); the width sweep again at 1 and 8 without CUDA graphs
+#   kernels      the same kernel split on a 4-layer proxy (quick to write and to profile; $OUT/step-proxy4-kernels.txt)
+#                and test-backend-ops' MoE mat-vec timings at 1, 4, 8 tokens
+#   crossover    MMVQ against MMQ at the model's shapes, 1-9 and 16 columns (test-backend-ops perf with the cases of
+#                benchmarks/gpu/test-backend-ops-qwen35-decode-perf.patch: a test-backend-ops built here from the
+#                patched tree against this runtime, carried xz-compressed as .dev/tbo/tbo.xz; benchmarks/README.md);
+#                MUL_MAT_ID first (~1 min), then MUL_MAT (~5 min); $OUT/mmid.txt, $OUT/mm.txt
 #   profile      one decode step at 1 and 8 sequences kernel by kernel (ncu, decode_profile.py; slow: ncu
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 #   benchmarks/device.sh streams all
@@ -73,10 +79,19 @@ kernels)
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-proxy4-kernels.txt
   "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT_ID -b CUDA0 \
     -p "type_a=(q4_K|q6_K),.*n_mats=128,n_used=8.*m=768,n=(1|4|8)," 2>&1 | grep -E "MUL_MAT_ID|us/run" | head -20 ;;
+crossover)
+  [ -f .dev/tbo/tbo.xz ] || { echo "crossover: carry .dev/tbo/tbo.xz (benchmarks/README.md)" >&2; exit 2; }
+  xz -dc .dev/tbo/tbo.xz > "$RUNTIME_BIN/test-backend-ops-perf" && chmod +x "$RUNTIME_BIN/test-backend-ops-perf"
+  for op in MUL_MAT_ID MUL_MAT; do  # n_mats=256: the model's experts; m=...: its dense shapes and head
+    p=$([ $op = MUL_MAT_ID ] && echo "n_mats=256,n_used=8" || echo "(m=8192|m=2048|m=512|m=248320),n=[0-9]+,k=(2048|4096),")
+    timeout 400 "$RUNTIME_BIN/test-backend-ops-perf" perf -o $op -b CUDA0 -p "$p" 2>&1 | grep --line-buffered "us/run" \
+      | sed -u -e 's/\x1b\[[0-9;]*m//g' > $O/$([ $op = MUL_MAT_ID ] && echo mmid || echo mm).txt
+  done ;;
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
-*) echo "streams: unknown step $step (all build build-target timing where kernels bench bench-host bench-draft profile)" >&2
+*) echo "streams: unknown step $step (all build build-target timing where kernels
+   bench bench-host bench-draft crossover profile)" >&2
    exit 2 ;;
 esac; keep_logs; done
 t done
