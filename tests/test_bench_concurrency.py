@@ -105,8 +105,12 @@ def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
         assert all(s["progress"][-1][1] == n for s in streams)
         lo, hi = max(s["first_s"] for s in streams), min(s["end_s"] for s in streams)
         by = lambda s, t: max((k for at, k in s["progress"] if at <= t), default=0)  # noqa: E731
-        inside = sum(by(s, hi) - by(s, lo) for s in streams)
-        assert row["steady_decode_tok_s"] == pytest.approx(inside / (hi - lo)) and row["steady_window_s"] > 0
+        if hi > lo:
+            inside = sum(by(s, hi) - by(s, lo) for s in streams)
+            assert row["steady_decode_tok_s"] == pytest.approx(inside / (hi - lo))
+            assert row["steady_window_s"] == pytest.approx(hi - lo)
+        else:  # a stream of this tiny model ended before another's first token (a loaded CI machine): no window
+            assert row["steady_decode_tok_s"] is None and row["steady_window_s"] == 0.0
         ttfts = [s["first_s"] - s["start_s"] for s in streams]
         assert row["ttft_p50_s"] == pytest.approx(float(np.percentile(ttfts, 50)))
         assert row["ttft_p95_s"] == pytest.approx(float(np.percentile(ttfts, 95)))
