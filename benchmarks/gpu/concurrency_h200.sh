@@ -5,11 +5,12 @@
 # skips what is already there, so a warm machine resumes); `all` = build timing bench bench-host bench-draft, the one call that measures the issue's before/after
 # (~9 min on a bare machine with the runtime build, most of it the build; the steps most worth having come first,
 # so a call cut short keeps them; see docs/benchmarks.md "Where the batch-2…16 decode step goes"):
-#   build        the hq3m file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs
+#   build        the file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs: hq3m
+#                (the issue's), or STREAMS_QUANT=q4_k_m / q8_0 (the h200 recipe's own files)
 #   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
 #   timing       the decode step alone, no server and no sampling: llama-batched-bench at 1, 2, 4, 8, 16 sequences
 #                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
-#   bench        `ggufbridge bench --concurrency 1,2,4,8` on the hq3m file, target only, the h200 recipe as shipped
+#   bench        `ggufbridge bench --concurrency 1,2,4,8` on that file, target only, the h200 recipe as shipped
 #                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the issue's table: one
 #                llama-server with -np 8 (the planner's slots: a unified pool, each slot capped at its context),
 #                1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
@@ -39,26 +40,27 @@ printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
-model() { echo $S/hq3m/target.gguf; }
+Q=${STREAMS_QUANT:-hq3m}; D=$S/$Q
+model() { echo $D/target.gguf; }
 for step in "${steps[@]}"; do t "$step"; case $step in
 build)
-  [ -f $S/hq3m/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/hq3m --tokenizer "$DEVICE_DIR/tok" \
-    --quant hq3m 2>&1 | tail -3
-  ls -la $S/hq3m ;;
+  [ -f $D/draft.gguf ] || python3 benchmarks/make_fullsize_gguf.py $D --tokenizer "$DEVICE_DIR/tok" \
+    --quant $Q 2>&1 | tail -3
+  ls -la $D ;;
 build-target)
-  [ -f $S/hq3m/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/hq3m --tokenizer "$DEVICE_DIR/tok" \
-    --quant hq3m --no-draft 2>&1 | tail -3 ;;
+  [ -f $D/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $D --tokenizer "$DEVICE_DIR/tok" \
+    --quant $Q --no-draft 2>&1 | tail -3 ;;
 timing)
   timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
     --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-h200.json 2>&1 | tail -20 ;;
 bench)
-  timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
+  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
     --prompt-lengths 1k -n 128 -o $O/concurrency 2>&1 | tail -20 ;;
 bench-host)
-  timeout 240 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 \
+  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-host 2>&1 | tail -20 ;;
 bench-draft)
-  timeout 300 python3 -m ggufbridge bench $S/hq3m --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
+  timeout 300 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
     --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
 where)
   # the step at 1..16 sequences taken apart, no server, no sampling chain (decode_step.cpp): time in llama_decode
@@ -72,9 +74,9 @@ kernels)
   # the step's kernels by name at 1 and 8 sequences on a 4-layer proxy (3 gated delta-net + 1 attention layer at
   # the real widths: a tenth of the model's layers, the whole output head), quick to write and to profile; and
   # llama.cpp's own MoE mat-vec timings at 1, 4 and 8 tokens (test-backend-ops perf, 128 experts of 768 x 2048)
-  [ -f $S/p4/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/p4 --tokenizer "$DEVICE_DIR/tok" \
-    --quant hq3m --layers 4 --no-draft 2>&1 | tail -2
-  M="-m $S/p4/target.gguf --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
+  [ -f $S/p4-$Q/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/p4-$Q --tokenizer "$DEVICE_DIR/tok" \
+    --quant $Q --layers 4 --no-draft 2>    --quant hq3m --layers 4 --no-draft 2>&1 | tail -21 | tail -2
+  M="-m $S/p4-$Q/target.gguf --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
   bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag proxy4 | tee -a $O/step-width.jsonl
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-proxy4-kernels.txt
   "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT_ID -b CUDA0 \
