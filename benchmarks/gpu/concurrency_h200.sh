@@ -75,7 +75,7 @@ kernels)
   # the real widths: a tenth of the model's layers, the whole output head), quick to write and to profile; and
   # llama.cpp's own MoE mat-vec timings at 1, 4 and 8 tokens (test-backend-ops perf, 128 experts of 768 x 2048)
   [ -f $S/p4-$Q/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/p4-$Q --tokenizer "$DEVICE_DIR/tok" \
-    --quant $Q --layers 4 --no-draft 2>    --quant hq3m --layers 4 --no-draft 2>&1 | tail -21 | tail -2
+    --quant $Q --layers 4 --no-draft 2>&1 | tail -2
   M="-m $S/p4-$Q/target.gguf --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
   bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag proxy4 | tee -a $O/step-width.jsonl
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-proxy4-kernels.txt
