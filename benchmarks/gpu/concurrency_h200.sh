@@ -26,7 +26,8 @@
 #   crossover    MMVQ against MMQ at the model's shapes, 1-9 and 16 columns (test-backend-ops perf with the cases of
 #                benchmarks/gpu/test-backend-ops-qwen35-decode-perf.patch: a test-backend-ops built here from the
 #                patched tree against this runtime, carried xz-compressed as .dev/tbo/tbo.xz; benchmarks/README.md);
-#                MUL_MAT_ID first (~1 min), then MUL_MAT (~5 min); $OUT/mmid.txt, $OUT/mm.txt
+#                MUL_MAT_ID (~1 min; CROSSOVER_OPS="MUL_MAT_ID MUL_MAT" adds the dense cases, ~5 min more);
+#                $OUT/mmid.txt, $OUT/mm.txt
 #   profile      one decode step at 1 and 8 sequences kernel by kernel (ncu, decode_profile.py; slow: ncu
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 #   benchmarks/device.sh streams all
@@ -84,7 +85,7 @@ kernels)
 crossover)
   [ -f .dev/tbo/tbo.xz ] || { echo "crossover: carry .dev/tbo/tbo.xz (benchmarks/README.md)" >&2; exit 2; }
   xz -dc .dev/tbo/tbo.xz > "$RUNTIME_BIN/test-backend-ops-perf" && chmod +x "$RUNTIME_BIN/test-backend-ops-perf"
-  for op in MUL_MAT_ID MUL_MAT; do  # n_mats=256: the model's experts; m=...: its dense shapes and head
+  for op in ${CROSSOVER_OPS:-MUL_MAT_ID}; do  # n_mats=256: the model's experts; m=...: its dense shapes and head
     p=$([ $op = MUL_MAT_ID ] && echo "n_mats=256,n_used=8" || echo "(m=8192|m=2048|m=512|m=248320),n=[0-9]+,k=(2048|4096),")
     timeout 400 "$RUNTIME_BIN/test-backend-ops-perf" perf -o $op -b CUDA0 -p "$p" 2>&1 | grep --line-buffered "us/run" \
       | sed -u -e 's/\x1b\[[0-9;]*m//g' > $O/$([ $op = MUL_MAT_ID ] && echo mmid || echo mm).txt
