@@ -114,6 +114,7 @@ def chat_stream(url: str, prompt: str, n_predict: int, t0: float, api_key: str |
             line = raw.decode(errors="replace").strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
+            now = time.perf_counter() - t0  # one arrival time for everything this chunk carries
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise ServerError(f"the server failed a streamed request: {str(chunk['error'])[:200]}")
@@ -121,14 +122,13 @@ def chat_stream(url: str, prompt: str, n_predict: int, t0: float, api_key: str |
                 delta = choice.get("delta") or {}
                 piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
                 if piece:
-                    now = time.perf_counter() - t0
                     first = now if first is None else first
                     last = now
                     text += piece
             usage = chunk.get("usage") or usage
             timings = chunk.get("timings") or timings
             if progress is not None and isinstance(chunk.get("timings"), dict):
-                progress.append((time.perf_counter() - t0, int(chunk["timings"].get("predicted_n", 0))))
+                progress.append((now, int(chunk["timings"].get("predicted_n", 0))))
     return start, first, last, text, usage, timings
 
 
