@@ -86,7 +86,7 @@ crossover)
   [ -f .dev/tbo/tbo.xz ] || { echo "crossover: carry .dev/tbo/tbo.xz (benchmarks/README.md)" >&2; exit 2; }
   xz -dc .dev/tbo/tbo.xz > "$RUNTIME_BIN/test-backend-ops-perf" && chmod +x "$RUNTIME_BIN/test-backend-ops-perf"
   for op in ${CROSSOVER_OPS:-MUL_MAT_ID}; do  # n_mats=256: the model's experts; m=...: its dense shapes and head
-    p=$([ $op = MUL_MAT_ID ] && echo "n_mats=256,n_used=8" || echo "(m=8192|m=2048|m=512|m=248320),n=[0-9]+,k=(2048|4096),")
+    p=$([ $op = MUL_MAT_ID ] && echo "n_mats=256,n_used=8" || echo "(m=8192|m=2048|m=512|m=256|m=248320|m=1),n=[0-9]+,k=(2048|4096),")
     timeout 400 "$RUNTIME_BIN/test-backend-ops-perf" perf -o $op -b CUDA0 -p "$p" 2>&1 | grep --line-buffered "us/run" \
       | sed -u -e 's/\x1b\[[0-9;]*m//g' > $O/$([ $op = MUL_MAT_ID ] && echo mmid || echo mm).txt
   done ;;
