@@ -190,7 +190,11 @@ def test_four_streams_sampled_in_the_graph_equal_target_only_per_stream(random_p
         assert "cannot be offloaded to the backend" not in log_text
     with llama_server(target, None, extra=bs, log_path=tmp_path / "server-bs-one.log") as url:
         res = post_json(url + "/completion", {"prompt": RANDOM_PROMPTS[0], "n_predict": 2, "temperature": 0.0})
+        off = post_json(url + "/completion", {"prompt": RANDOM_PROMPTS[0], "n_predict": 2, "temperature": 0.0,
+                                              "backend_sampling": False})
     assert res["generation_settings"]["backend_sampling"] is True  # the flag reached the request
+    assert off["generation_settings"]["backend_sampling"] is False  # and a request can opt out (docs/usage.md)
+    assert off["content"] == res["content"]
     for prompt, (want, *_), (four, *_), (got, timings, *_) in zip(RANDOM_PROMPTS, alone, plain, spec):
         assert four == want, prompt
         assert got == want, prompt
