@@ -2,9 +2,10 @@
 # Device job `benchmarks/device.sh streams STEP...` (issue 28): many clients at once on one H200, at the real
 # 35B-A3B shapes, on the runtime device.sh built (with --target llama-batched-bench).
 # First run on the H200 2026-12-02 (where, kernels, bench, bench-host; docs/benchmarks.md). Steps, in order (each
-# skips what is already there, so a warm machine resumes); `all` = build timing bench bench-host bench-draft, the one call that measures the issue's before/after
-# (~9 min on a bare machine with the runtime build, most of it the build; the steps most worth having come first,
-# so a call cut short keeps them; see docs/benchmarks.md "Where the batch-2…16 decode step goes"):
+# skips what is already there, so a warm machine resumes); `all` = build timing bench bench-host bench-draft, the
+# one call that measures the issue's before/after (~9 min on a bare machine with the runtime build, most of it the
+# build; the steps most worth having come first, so a call cut short keeps them; see docs/benchmarks.md "Where
+# the batch-2…16 decode step goes"):
 #   build        the file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs: hq3m
 #                (the issue's), or STREAMS_QUANT=q4_k_m / q8_0 (the h200 recipe's own files)
 #   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
@@ -69,7 +70,8 @@ where)
   M="-m $(model) --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
   bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8,16 --tag width | tee -a $O/step-width.jsonl
   # the same without CUDA graphs: what launching ~1,700 kernels one by one adds at each width
-  GGML_CUDA_DISABLE_GRAPHS=1 bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag width-eager | tee -a $O/step-width.jsonl
+  GGML_CUDA_DISABLE_GRAPHS=1 bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag width-eager \
+    | tee -a $O/step-width.jsonl
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-width-kernels.txt ;;
 kernels)
   # the step's kernels by name at 1 and 8 sequences on a 4-layer proxy (3 gated delta-net + 1 attention layer at
@@ -86,7 +88,8 @@ crossover)
   [ -f .dev/tbo/tbo.xz ] || { echo "crossover: carry .dev/tbo/tbo.xz (benchmarks/README.md)" >&2; exit 2; }
   xz -dc .dev/tbo/tbo.xz > "$RUNTIME_BIN/test-backend-ops-perf" && chmod +x "$RUNTIME_BIN/test-backend-ops-perf"
   for op in ${CROSSOVER_OPS:-MUL_MAT_ID}; do  # n_mats=256: the model's experts; m=...: its dense shapes and head
-    p=$([ $op = MUL_MAT_ID ] && echo "n_mats=256,n_used=8" || echo "(m=8192|m=2048|m=512|m=256|m=248320|m=1),n=[0-9]+,k=(2048|4096),")
+    p="(m=8192|m=2048|m=512|m=256|m=248320|m=1),n=[0-9]+,k=(2048|4096),"
+    [ $op = MUL_MAT_ID ] && p="n_mats=256,n_used=8"
     timeout 400 "$RUNTIME_BIN/test-backend-ops-perf" perf -o $op -b CUDA0 -p "$p" 2>&1 | grep --line-buffered "us/run" \
       | sed -u -e 's/\x1b\[[0-9;]*m//g' > $O/$([ $op = MUL_MAT_ID ] && echo mmid || echo mm).txt
   done ;;

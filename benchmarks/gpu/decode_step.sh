@@ -18,13 +18,13 @@ A=$2; B=$3; shift 4
 L=${WORK:-$(mktemp -d)}/ncu-$$; mkdir -p "$L"
 for v in A B; do
   # shellcheck disable=SC2086  # the variant's arguments are words
-  # kernels run eagerly under ncu (GGML_CUDA_DISABLE_GRAPHS): ncu profiled none of the graph-launched kernels of
-  # the timed steps (H200, 2026-12-02); a kernel's duration does not depend on how it was launched
+  # kernels launched one by one under ncu (GGML_CUDA_DISABLE_GRAPHS, as decode_profile.py runs them), so each is one
+  # profiled launch; a kernel's duration does not depend on how it was launched
   GGML_CUDA_DISABLE_GRAPHS=1 timeout 280 ncu --profile-from-start off --csv --page raw --metrics gpu__time_duration.sum --print-units base \
     --clock-control none "$X" "$@" ${!v} --steps 2 --cuda-range > "$L/$v.csv" 2> "$L/$v.err" || tail -5 "$L/$v.err"
 done
-grep -h "^==" "$L/A.csv" "$L/A.err" | sort | uniq -c | head -5
-grep -q '"ID"' "$L/A.csv" || { echo "ncu wrote no kernel table; its output:"; head -c 1500 "$L/A.csv"; tail -c 1500 "$L/A.err"; }  # ncu's notes (e.g. "No kernels were profiled")
+grep -h "^==" "$L/A.csv" "$L/A.err" | sort | uniq -c | head -5  # ncu's notes (e.g. "No kernels were profiled")
+grep -q '"ID"' "$L/A.csv" || { echo "ncu wrote no kernel table:"; head -c 1500 "$L/A.csv"; tail -c 1500 "$L/A.err"; }
 python3 - "$HERE" "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
 import sys
 sys.path.insert(0, sys.argv.pop(1))
@@ -38,6 +38,8 @@ if not a:  # show what ncu wrote where the table was expected
 la, lb = sys.argv[3], sys.argv[4]
 print(f"kernel time per step: [{la}] {sum(a.values()):.1f} us, [{lb}] {sum(b.values()):.1f} us")
 print(f"{'growth':>9}  {'A us':>8}  {'B us':>8}  kernel")
-for g, k in sorted(((b.get(k, 0) - a.get(k, 0), k) for k in set(a) | set(b)), reverse=True)[:30]:
-    print(f"{g:9.1f}  {a.get(k, 0):8.1f}  {b.get(k, 0):8.1f}  {k[:110]}")
+# the 30 largest in either variant (a kernel only one of them runs, e.g. a 1-column and an 8-column template, shows
+# in both rows: one with A, one with B)
+for k in sorted(set(a) | set(b), key=lambda k: -max(a.get(k, 0), b.get(k, 0)))[:30]:
+    print(f"{b.get(k, 0) - a.get(k, 0):9.1f}  {a.get(k, 0):8.1f}  {b.get(k, 0):8.1f}  {k[:110]}")
 PY
