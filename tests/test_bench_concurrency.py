@@ -79,8 +79,9 @@ def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
     model = converted(make_ckpt, tmp_path_factory, with_draft=True)
     dest = tmp_path / "b"
     # long enough that a level's streams overlap even when a loaded machine starts a client thread late: at 16
-    # tokens a stream on one thread could end (25 ms) before the last of its level started (42 ms, seen in a run)
-    n = 64
+    # tokens a stream on one thread could end (25 ms) before the last of its level started (42 ms, seen in a run);
+    # at 64 one ended at 106 ms before the last started at 133 ms (CI with the suite's workers beside it)
+    n = 192
     res = CliRunner().invoke(cli, ["bench", str(model), "--concurrency", "1,2,4", "--draft", "--prompt-lengths", "48",
                                    "-n", str(n), "--threads", str(THREADS), "-o", str(dest)])
     assert res.exit_code == 0, res.output
