@@ -60,6 +60,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "memory-recurrent": ("src/llama-memory-recurrent.",),
     "graph": ("src/llama-graph.",),
     "batch": ("src/llama-batch.",),
+    "llama-context": ("src/llama-context.",),
     "llama-ext": ("src/llama-ext.h", "src/llama-model.cpp"),
     "mtmd": ("tools/mtmd/clip", "tools/mtmd/mtmd.", "tools/mtmd/mtmd-image.", "tools/mtmd/models/"),
     "mtmd-helper": ("tools/mtmd/mtmd-helper.",),
