@@ -31,6 +31,8 @@
 #                                 (fattn_h200.sh: build fatest exact-q8_0 depth-q8_0 drafted-b0 ...)
 #   streams STEP...               many clients at once: bench --concurrency and a decode-step profile
 #                                 (concurrency_h200.sh: build bench profile)
+#   moe-kernel                    the shaped multi-token MoE mat-vec alone (benchmarks/gpu/moe_kernel; no runtime
+#                                 build: the pinned sources' headers and nvcc, ~1 min)
 #
 # Nothing here names an absolute path: the pack is .device/ in the checkout, the runtime is built into the same
 # cache folder as on any machine (${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}), and the device's working files (the
@@ -141,26 +143,45 @@ unpack_runtime() {  # the runtime pack-runtime made, into the cache, when it is 
   echo "runtime: the one built here (pack-runtime), series $hash: $(grep -m1 version "$OUT/carried-runtime.log")"
 }
 
+extract_sources() {  # the pristine pinned sources of the pack, into the cache folder build_runtime.sh reads
+  mkdir -p "$CACHE/src"
+  [ -f "$CACHE/src/$SDIST/.extracted" ] || { tar -xzf "$DEV/llama-src.tgz" -C "$CACHE/src" && touch "$CACHE/src/$SDIST/.extracted"; }
+}
+
 setup_device() {  # [--no-runtime | BUILD_RUNTIME_ARGS...]: the device's Python path and wheels; the patched runtime
                   # (scripts/build_runtime.sh --cuda, with what a job needs beside it: --tests, --target T)
   [ -f "$DEV/llama-src.tgz" ] || { echo "device.sh: no $DEV/: run benchmarks/device.sh pack first" >&2; exit 2; }
   export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 JOBS=${JOBS:-$(nproc)}
   export DEVICE_DIR=$PWD/$DEV WORK=${WORK:-${TMPDIR:-/tmp}/ggufbridge-device} OUT=${OUT:-$PWD/$DEV/out}
   mkdir -p "$WORK" "$OUT"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$DEV/site" \
-    "$DEV"/whl/*.whl || exit 1
-  export PYTHONPATH=$PWD/$DEV/site:$PWD/$DEV/py:$PWD${PYTHONPATH:+:$PYTHONPATH}
-  [ -f "$DEV/tok/tokenizer.json" ] || gunzip -k "$DEV/tok/tokenizer.json.gz"
+  if [ -z "${PY_READY:-}" ]; then  # once per job (a second setup_device only builds)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$DEV/site" \
+      "$DEV"/whl/*.whl || exit 1
+    export PYTHONPATH=$PWD/$DEV/site:$PWD/$DEV/py:$PWD${PYTHONPATH:+:$PYTHONPATH} PY_READY=1
+    [ -f "$DEV/tok/tokenizer.json" ] || gunzip -k "$DEV/tok/tokenizer.json.gz"
+  fi
   [ "${1:-}" = --no-runtime ] && return 0
-  mkdir -p "$CACHE/src"
-  [ -f "$CACHE/src/$SDIST/.extracted" ] || { tar -xzf "$DEV/llama-src.tgz" -C "$CACHE/src" && touch "$CACHE/src/$SDIST/.extracted"; }
+  extract_sources
   local t0=$SECONDS
   # libcublas/libcudart of the image's toolkit, for binaries that were not linked on this machine
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  unpack_runtime || bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" "$@" > "$OUT/build-runtime.log" 2>&1 \
+  # a build with candidate patches (--with-patch) is not the series: never the carried one, and ggufbridge finds it
+  # only through LLAMA_CPP_BIN
+  local series=1
+  case " $* " in *" --with-patch "*) series=0 ;; esac
+  rm -f "$OUT/build-runtime.log"
+  { [ $series = 1 ] && unpack_runtime; } \
+    || bash scripts/build_runtime.sh --cuda --cuda-arch "${CUDA_ARCH:-90}" "$@" > "$OUT/build-runtime.log" 2>&1 \
     || { tail -30 "$OUT/build-runtime.log"; exit 1; }
   export RUNTIME_BIN
-  RUNTIME_BIN=$(python3 -c "from ggufbridge.runtime.locate import locate; print(locate().bin_dir)") || exit 1
+  if [ $series = 1 ]; then
+    RUNTIME_BIN=$(python3 -c "from ggufbridge.runtime.locate import locate; print(locate().bin_dir)") || exit 1
+  else
+    RUNTIME_BIN=$(sed -n 's/^build_runtime: runtime ready in //p' "$OUT/build-runtime.log" | tail -1)
+    [ -x "$RUNTIME_BIN/llama-server" ] || { echo "device.sh: the candidate build has no llama-server" >&2; exit 1; }
+    export LLAMA_CPP_BIN=$RUNTIME_BIN
+    grep '^build_runtime: the series and then' "$OUT/build-runtime.log"
+  fi
   # the bindings: the sdist's Python package loading the libraries just built (build_runtime.sh --python does the
   # same through pip, which has no index here)
   rm -rf "$DEV/py" && mkdir -p "$DEV/py" && cp -r "$CACHE/src/$SDIST/llama_cpp" "$DEV/py/" \
@@ -183,6 +204,19 @@ case $job in
   # rebuilding; test-backend-ops only when a step runs it
   fattn) setup_device $(case " $* " in *" fatest "*) echo --tests;; esac) --target llama-batched-bench
          exec bash benchmarks/gpu/fattn_h200.sh "$@" ;;
-  streams) setup_device --target llama-batched-bench; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
-  *) sed -n 2,34p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
+  # STREAMS_CANDIDATES=1: the series and then benchmarks/gpu/candidates/*.patch (each with an environment variable
+  # that turns it off, so that one build measures before and after) and the decode perf cases of test-backend-ops
+  # (the build takes ~5 min: the candidates' own kernel table and the target file are made beside it, then waited for)
+  streams) a=(--target llama-batched-bench)
+           if [ "${STREAMS_CANDIDATES:-0}" = 1 ]; then
+             a+=(--tests --with-patch benchmarks/gpu/test-backend-ops-qwen35-decode-perf.patch)
+             for f in benchmarks/gpu/candidates/[0-9]*.patch; do a+=(--with-patch "$f"); done
+             setup_device --no-runtime; extract_sources
+             bash benchmarks/gpu/moe_kernel/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" > "$OUT/moe-kernel.log" 2>&1 &
+             RUNTIME_BIN=none bash benchmarks/gpu/concurrency_h200.sh build-target > "$OUT/gen.log" 2>&1 &
+           fi
+           setup_device "${a[@]}"; wait; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
+  moe-kernel) setup_device --no-runtime; extract_sources
+              exec bash benchmarks/gpu/moe_kernel/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" ;;
+  *) sed -n 2,36p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
 esac

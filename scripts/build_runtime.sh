@@ -5,6 +5,7 @@
 # the repo.
 #
 #   scripts/build_runtime.sh [--cuda] [--cuda-arch 90] [--python PY] [--tests] [--target T]... [--without-patch NAME]
+#                            [--with-patch FILE]...
 #   scripts/build_runtime.sh --source-only     (fetch the pristine pinned tree only; print its path)
 #
 # --python PY: also install llama-cpp-python's Python package (no second compile) into PY's environment
@@ -15,6 +16,9 @@
 #              built into its own cache folder (the series hash keys it), so that a build with and one without a
 #              patch can be compared side by side (benchmarks/device.sh fattn). ggufbridge itself only ever finds the
 #              full series.
+# --with-patch FILE: the series and then FILE (repeatable, in order), also in its own cache folder: a candidate patch
+#              measured against the series before it joins it (benchmarks/device.sh streams candidates; the files
+#              in benchmarks/gpu/candidates/). Found through LLAMA_CPP_BIN, never by ggufbridge's own lookup.
 # Once built it prints "build_runtime: runtime ready in BIN_DIR" (benchmarks/device.sh reads BIN_DIR from it).
 set -euo pipefail
 
@@ -29,6 +33,7 @@ SOURCE_ONLY=0
 TESTS=0
 EXTRA_TARGETS=()
 WITHOUT=()
+WITH=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) CUDA=1 ;;
@@ -38,7 +43,9 @@ while [ $# -gt 0 ]; do
     --tests) TESTS=1; EXTRA_TARGETS+=(test-backend-ops) ;;
     --target) EXTRA_TARGETS+=("${2:?--target needs a target name}"); shift ;;
     --without-patch) WITHOUT+=("${2:?--without-patch needs a patch name}"); shift ;;
-    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    --with-patch) [ -f "${2:?--with-patch needs a patch file}" ] || { echo "build_runtime: no patch file '$2'" >&2; exit 2; }
+                  WITH+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "build_runtime: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -66,11 +73,13 @@ for name in "${WITHOUT[@]}"; do
   PATCHES=("${KEPT[@]}")
   dropped_all+=("${dropped[0]}")
 done
+PATCHES+=("${WITH[@]}")
 PHASH=none
 if [ ${#PATCHES[@]} -gt 0 ]; then
   PHASH=$(for f in "${PATCHES[@]}"; do basename "$f"; cat "$f"; done | sha256sum | cut -c1-12)
 fi
 [ ${#WITHOUT[@]} -gt 0 ] && echo "build_runtime: the series without ${dropped_all[*]} (hash $PHASH)" >&2
+[ ${#WITH[@]} -gt 0 ] && echo "build_runtime: the series and then $(for f in "${WITH[@]}"; do basename "$f"; done | tr '\n' ' ')(hash $PHASH)" >&2
 PREFIX="$CACHE/llama.cpp-$VERSION-$VARIANT-p$PHASH"
 SRC="$CACHE/src/llama_cpp_python-$VERSION"         # pristine sdist (also the bindings' Python sources)
 TREE="$CACHE/src/llama.cpp-$VERSION-p$PHASH"         # the vendored llama.cpp with the patches applied
@@ -184,7 +193,8 @@ if [ ! -f "$PREFIX/runtime.json" ]; then
   cmake -S "$TREE" -B "$PREFIX/build" "${gen[@]}" "${args[@]}" >"$PREFIX.configure.log" 2>&1 \
     || { tail -30 "$PREFIX.configure.log" >&2; exit 1; }
   echo "build_runtime: building ${TOOLS[*]} and the shared libraries with $JOBS jobs (a few minutes)"
-  cmake --build "$PREFIX/build" -j "$JOBS" --target llama mtmd "${TOOLS[@]}" >"$PREFIX.build.log" 2>&1 \
+  # the extra targets in the same build, so that their compile overlaps the libraries' (test-backend-ops: ~1 min)
+  cmake --build "$PREFIX/build" -j "$JOBS" --target llama mtmd "${TOOLS[@]}" "${EXTRA_TARGETS[@]}" >"$PREFIX.build.log" 2>&1 \
     || { tail -40 "$PREFIX.build.log" >&2; exit 1; }
   write_info
 fi

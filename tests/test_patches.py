@@ -92,6 +92,57 @@ def test_build_runtime_without_one_patch_keys_its_own_build():
         assert "not one" in res.stderr
 
 
+CANDIDATES = ROOT / "benchmarks" / "gpu" / "candidates"
+
+
+def test_candidate_patches_are_series_patches_in_waiting():
+    """The candidates (kernel changes measured on a GPU against the series before they join it) follow the series'
+    rules: format-patch output with a why, one concern each, numbered after the series in the order they apply."""
+    cands = patches.series(CANDIDATES)
+    assert cands, "benchmarks/gpu/candidates/ is empty: drop this test with the folder"
+    n = len(patches.series())
+    assert [c.name[:4] for c in cands] == [f"{i:04d}" for i in range(n + 1, n + 1 + len(cands))]
+    for c in cands:
+        head, _, rest = c.path.read_text().partition("\n---\n")
+        assert head.startswith("From 0000000000000000000000000000000000000000 ") and c.subject, c.name
+        assert len(head.split("\n\n", 1)[1].split()) >= 30, f"{c.name}: the body says why"
+        assert c.concern_problems() == [], c.name
+        # each is off through an environment variable, so that one build measures before and after
+        assert "=0" in head and "GGML_CUDA_" in head, f"{c.name}: its off switch is in the message"
+
+
+def test_build_runtime_with_candidate_patches_keys_its_own_build():
+    """--with-patch FILE: the series and then FILE (repeatable, in order), keyed by the hash of all of them,
+    computed here independently; a missing file is refused with one line and exit 2, before anything is built."""
+    script = ROOT / "scripts" / "build_runtime.sh"
+    cands = [c.path for c in patches.series(CANDIDATES)]
+    args = [a for c in cands for a in ("--with-patch", str(c))]
+    res = subprocess.run(["bash", str(script), "--source-only", *args], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    files = " ".join(f"'{f}'" for f in [p.path for p in patches.series()] + cands)
+    pipeline = f"for f in {files}; do basename \"$f\"; cat \"$f\"; done | sha256sum | cut -c1-12"
+    want = subprocess.run(["bash", "-c", pipeline], capture_output=True, text=True, check=True).stdout.strip()
+    assert f"(hash {want})" in res.stderr and want != patches.series_hash()
+    assert " ".join(c.name for c in cands) in res.stderr
+    res = subprocess.run(["bash", str(script), "--with-patch", str(CANDIDATES / "no-such.patch")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "no patch file" in res.stderr
+
+
+@pytest.mark.slow
+def test_candidate_patches_apply_on_top_of_the_series(tmp_path):
+    """What a device build with STREAMS_CANDIDATES=1 does: the series' tree, then each candidate with patch -p1."""
+    tree = tmp_path / "tree"
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "patches.sh"), "apply", str(tree)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for c in patches.series(CANDIDATES):
+        res = subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", str(tree)], stdin=c.path.open(),
+                             capture_output=True, text=True)
+        assert res.returncode == 0, f"{c.name}: {res.stdout[-1000:]}"
+    assert (tree / "ggml/src/ggml-cuda/mmvq-moe-shaped.cuh").is_file()
+
+
 def test_canvas_patch_is_recognised_in_the_library(tmp_path):
     """A build elsewhere (--llama-bin) is recognised by the key only the canvas patch adds to libmtmd."""
     for name, patched in (("stock", False), ("patched", True)):

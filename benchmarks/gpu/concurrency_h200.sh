@@ -31,6 +31,17 @@
 #                $OUT/mmid.txt, $OUT/mm.txt
 #   profile      one decode step at 1 and 8 sequences kernel by kernel (ncu, decode_profile.py; slow: ncu
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
+# With STREAMS_CANDIDATES=1 (device.sh: the runtime is the series and then benchmarks/gpu/candidates/*.patch, with
+# test-backend-ops and its decode perf cases; the candidates' kernel table moe-kernel.txt and the target file are
+# made during the build) four more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
+# build is the series (before) and the series with the candidates (after):
+#   eval         test-backend-ops on CUDA0 against the CPU: MUL_MAT_ID, MUL_MAT_VEC_FUSION (fused gate/GLU with
+#                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION for each compiled MoE shape, MUL_MAT for the types the
+#                crossover row names and F32; $OUT/eval.txt
+#   bench-off    `bench` with the candidates off: the series; $OUT/concurrency-off/*
+#   bench        (above) with the candidates on (their defaults)
+#   cand-perf    kernel times with each candidate off and on (test-backend-ops perf, the model's shapes at 2/4/8
+#                columns); $OUT/cand-perf.txt
 #   benchmarks/device.sh streams all
 set -uo pipefail
 O=$OUT; S=$WORK/shm; L=$WORK/logs; R=$WORK/recipes; mkdir -p $S $L $R
@@ -40,6 +51,8 @@ printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncach
 printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
   > $R/h200-q8kv-host.toml
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0"
+tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
 Q=${STREAMS_QUANT:-hq3m}; D=$S/$Q
@@ -93,11 +106,37 @@ crossover)
     timeout 400 "$RUNTIME_BIN/test-backend-ops-perf" perf -o $op -b CUDA0 -p "$p" 2>&1 | grep --line-buffered "us/run" \
       | sed -u -e 's/\x1b\[[0-9;]*m//g' > $O/$([ $op = MUL_MAT_ID ] && echo mmid || echo mm).txt
   done ;;
+eval)
+  { for shape in 1 2 3; do
+      echo "# GGML_CUDA_MOE_SHAPED=$shape"
+      for op in MUL_MAT_ID MUL_MAT_VEC_FUSION MUL_MAT_ID_FUSION; do
+        GGML_CUDA_MOE_SHAPED=$shape tbo 120 -o $op -b CUDA0 | grep -E "FAIL|tests passed|Backend CUDA0: "
+      done
+    done
+    echo "# MUL_MAT (the crossover row's types, F32)"
+    tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
+  } | tee $O/eval.txt ;;
+bench-off)
+  env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
+    --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
+cand-perf)
+  { # the MoE mat-vec at the model's expert shapes: stock (0) and the three compiled shapes
+    for shape in 0 1 2 3; do
+      echo "# GGML_CUDA_MOE_SHAPED=$shape"
+      GGML_CUDA_MOE_SHAPED=$shape tbo 100 perf -o MUL_MAT_ID -b CUDA0 -p "n_mats=256,n_used=8,.*n=(2|4|8)," | grep "us/run"
+    done
+    # the dense crossover (8192-row matrices and the head) and the thin F32 matrices, off and on
+    for v in "GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0" "GGML_CUDA_MMVQ_HOPPER=1 GGML_CUDA_MMVF_THIN_F32=1"; do
+      echo "# $v"
+      env $v "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+        -p "(m=8192|m=248320|m=256|m=1),n=(4|6|8),k=2048," 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g' | grep "us/run"
+    done
+  } | tee $O/cand-perf.txt ;;
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
 *) echo "streams: unknown step $step (all build build-target timing where kernels
-   bench bench-host bench-draft crossover profile)" >&2
+   bench bench-host bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-off cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
 t done

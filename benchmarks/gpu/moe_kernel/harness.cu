@@ -1,0 +1,222 @@
+// The shaped multi-token MoE mat-vec (ggml-cuda/mmvq-moe-shaped.cuh of the candidate patch
+// benchmarks/gpu/candidates/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch) alone on one GPU: every shape in VARIANTS against a
+// plain reference that sums the same vec_dot over every quant index of every block (checks the kernel's
+// indexing, row, token, expert and K-split bookkeeping; the vec_dot arithmetic itself is upstream's, checked by
+// test-backend-ops), then kernel times over the expert shapes of Qwen3.5-35B-A3B / MiniCPM-V 4.7 (256 experts,
+// 8 used; gate/up fused 2 x 512 x 2048, down 2048 x 512) at 2, 4 and 8 tokens with uniform random routing (what
+// random weights route like). Built and run by run.sh next to this file. Output: one line per (type, shape,
+// tokens, variant): microseconds, the routed experts' distinct bytes over that time, the max relative error.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cstddef>
+#include <cmath>
+#include <vector>
+#include <random>
+#include <algorithm>
+#include <string>
+#include "mmvq.cuh"
+#include "mmvq-moe-shaped.cuh"
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static constexpr int N_EXPERTS = 256;
+static constexpr int N_USED    = 8;
+
+template <ggml_type type> struct htype;
+template <> struct htype<GGML_TYPE_Q3_K> { using B = block_q3_K; static constexpr const char * name = "q3_K"; };
+template <> struct htype<GGML_TYPE_Q4_K> { using B = block_q4_K; static constexpr const char * name = "q4_K"; };
+template <> struct htype<GGML_TYPE_Q5_K> { using B = block_q5_K; static constexpr const char * name = "q5_K"; };
+template <> struct htype<GGML_TYPE_Q6_K> { using B = block_q6_K; static constexpr const char * name = "q6_K"; };
+template <> struct htype<GGML_TYPE_Q8_0> { using B = block_q8_0; static constexpr const char * name = "q8_0"; };
+
+// random quants, small finite super-block scales (random bytes there could be inf/nan halves)
+template <ggml_type type> static void fill_blocks(std::vector<uint8_t> & v, size_t nblocks, std::mt19937 & rng) {
+    using B = typename htype<type>::B;
+    v.resize(nblocks*sizeof(B));
+    for (size_t i = 0; i + 4 <= v.size(); i += 4) { const uint32_t r = rng(); memcpy(&v[i], &r, 4); }
+    for (size_t i = v.size() & ~size_t(3); i < v.size(); ++i) v[i] = uint8_t(rng());
+    std::uniform_real_distribution<float> u(0.002f, 0.02f);
+    for (size_t i = 0; i < nblocks; ++i) {
+        uint8_t * b = v.data() + i*sizeof(B);
+        const half h0 = __float2half(u(rng)), h1 = __float2half(u(rng));
+        if (type == GGML_TYPE_Q3_K) memcpy(b + offsetof(block_q3_K, d), &h0, 2);
+        if (type == GGML_TYPE_Q6_K) memcpy(b + offsetof(block_q6_K, d), &h0, 2);
+        if (type == GGML_TYPE_Q8_0) memcpy(b, &h0, 2);
+        if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) { memcpy(b, &h0, 2); memcpy(b + 2, &h1, 2); }
+    }
+}
+
+// q8_1 as quantize_q8_1 writes it for MMVQ: per 32 values d = amax/127, the value sum beside it
+static void quantize_q8_1(const float * x, block_q8_1 * y, int k) {
+    for (int ib = 0; ib < k/QK8_1; ++ib) {
+        float amax = 0.0f, sum = 0.0f;
+        for (int j = 0; j < QK8_1; ++j) { amax = fmaxf(amax, fabsf(x[ib*QK8_1 + j])); sum += x[ib*QK8_1 + j]; }
+        const float d = amax/127.0f;
+        for (int j = 0; j < QK8_1; ++j) y[ib].qs[j] = int8_t(d == 0.0f ? 0 : roundf(x[ib*QK8_1 + j]/d));
+        y[ib].ds = make_half2(__float2half(d), __float2half(sum));
+    }
+}
+
+// one thread per (row, expert slot, token): the whole dot product, every block, every quant index, in order
+template <ggml_type type, bool fused>
+__global__ void reference(const mmvq_moe_args a, float * out) {
+    constexpr int qk = ggml_cuda_type_traits<type>::qk, qi = ggml_cuda_type_traits<type>::qi;
+    constexpr int vdr = mmvq_moe_vec_dot<type>::vdr;
+    const uint32_t row = blockIdx.x*blockDim.x + threadIdx.x, slot = blockIdx.y, token = blockIdx.z;
+    if (row >= a.nrows_x) return;
+    const uint32_t ex = a.ids[slot + token*a.ids_stride];
+    const uint32_t cy = slot % a.nchannels_y.z;  // .z: the divisor itself (init_fastdiv_values)
+    const block_q8_1 * y = a.y + cy*a.stride_channel_y + token*a.stride_col_y;
+    const int xrow = ex*a.stride_channel_x + row*a.stride_row_x;
+    float s = 0.0f, g = 0.0f;
+    for (int kbx = 0; kbx < int(a.ncols_x/qk); ++kbx) {
+        for (int iqs = 0; iqs < qi; iqs += vdr) {
+            s += mmvq_moe_vec_dot<type>::dot(a.x, &y[kbx*(qk/QK8_1)], xrow + kbx, iqs);
+            if (fused) g += mmvq_moe_vec_dot<type>::dot(a.fusion.gate, &y[kbx*(qk/QK8_1)], xrow + kbx, iqs);
+        }
+    }
+    if (fused) s *= g/(1.0f + expf(-g));  // SWIGLU
+    out[slot*a.stride_channel_dst + token*a.stride_col_dst + row] = s;
+}
+
+struct variant { int rpb, ksplit, minb, unroll; bool pref; };
+// V0 is the pinned tree's kernel's shape (rows 2, one warp per pair, launch bounds (8 warps, 1), no unroll); the
+// candidate patch compiles V8, V7 and V5 as its GGML_CUDA_MOE_SHAPED=1, 2 and 3
+#define VARIANTS(X) \
+    X(2, 1, 1, 1, false) X(1, 1, 1, 1, false) X(4, 1, 1, 1, false) X(8, 1, 1, 1, false) \
+    X(2, 1, 2, 1, false) X(2, 1, 4, 1, false) X(4, 1, 2, 1, false) X(2, 1, 1, 4, false) \
+    X(4, 1, 2, 4, false) X(2, 2, 1, 1, false) X(2, 1, 1, 1, true)  X(4, 2, 2, 2, true)  \
+    X(1, 1, 2, 4, false) X(4, 1, 1, 4, false)
+
+struct problem {
+    std::string shape;
+    int nrows, k, ntok;
+    bool fused;
+};
+
+template <ggml_type type, bool fused, int RPB, int KSPLIT, int MINB, int UNROLL, bool PREF>
+static void launch(const mmvq_moe_args & a, cudaStream_t s) {
+    const auto dims = mmvq_moe_shaped_dims<RPB, KSPLIT>(a.nrows_x, N_USED, a.ncols_dst);
+    mul_mat_vec_q_moe_shaped<type, RPB, KSPLIT, MINB, UNROLL, PREF, fused><<<dims.first, dims.second, 0, s>>>(a);
+}
+
+template <ggml_type type, bool fused>
+static void run(const problem & p, std::mt19937 & rng, FILE * out) {
+    using B = typename htype<type>::B;
+    constexpr int qk = ggml_cuda_type_traits<type>::qk;
+    const int bpr = p.k/qk;  // x blocks per row
+    const size_t nb = size_t(N_EXPERTS)*p.nrows*bpr;
+    // the experts: made once per (type, shape) (one shape per instantiation here), kept for every token count
+    static void * dx = nullptr, * dg = nullptr;
+    if (dx == nullptr) {
+        std::vector<uint8_t> hx, hg;
+        fill_blocks<type>(hx, nb, rng);
+        CK(cudaMalloc(&dx, hx.size())); CK(cudaMemcpy(dx, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+        if (fused) {
+            fill_blocks<type>(hg, nb, rng);
+            CK(cudaMalloc(&dg, hg.size())); CK(cudaMemcpy(dg, hg.data(), hg.size(), cudaMemcpyHostToDevice));
+        }
+    }
+
+    // y: gate/up share one input row per token (nchannels_y 1); down has one per (expert slot, token)
+    const int ych = fused ? 1 : N_USED;
+    std::vector<float> hyf(size_t(p.ntok)*ych*p.k);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto & v : hyf) v = nd(rng);
+    std::vector<block_q8_1> hy(hyf.size()/QK8_1);
+    for (size_t r = 0; r < size_t(p.ntok)*ych; ++r) quantize_q8_1(&hyf[r*p.k], &hy[r*(p.k/QK8_1)], p.k);
+
+    // uniform routing: 8 distinct experts per token
+    std::vector<int32_t> hids(size_t(p.ntok)*N_USED);
+    std::vector<int> perm(N_EXPERTS);
+    size_t distinct = 0;
+    std::vector<bool> seen(N_EXPERTS, false);
+    for (int t = 0; t < p.ntok; ++t) {
+        for (int e = 0; e < N_EXPERTS; ++e) perm[e] = e;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int j = 0; j < N_USED; ++j) {
+            hids[t*N_USED + j] = perm[j];
+            if (!seen[perm[j]]) { seen[perm[j]] = true; ++distinct; }
+        }
+    }
+
+    block_q8_1 * dy; int32_t * dids; float * dref, * dout;
+    const size_t nout = size_t(p.ntok)*N_USED*p.nrows;
+    CK(cudaMalloc(&dy, hy.size()*sizeof(block_q8_1)));
+    CK(cudaMemcpy(dy, hy.data(), hy.size()*sizeof(block_q8_1), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dids, hids.size()*4)); CK(cudaMemcpy(dids, hids.data(), hids.size()*4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dref, nout*4)); CK(cudaMalloc(&dout, nout*4));
+
+    mmvq_moe_args a{};
+    a.x = dx; a.y = dy; a.ids = dids; a.dst = dout;
+    a.fusion.gate = dg; a.fusion.glu_op = GGML_GLU_OP_SWIGLU;
+    a.ncols_x = p.k; a.nrows_x = p.nrows;
+    a.stride_row_x = bpr;
+    a.stride_channel_x = p.nrows*bpr;
+    a.stride_channel_y = fused ? 0 : p.k/QK8_1;
+    a.stride_col_y = ych*(p.k/QK8_1);
+    a.stride_channel_dst = p.nrows;
+    a.stride_col_dst = N_USED*p.nrows;
+    a.ncols_dst = p.ntok; a.ids_stride = N_USED;
+    a.nchannels_y = init_fastdiv_values(ych);
+
+    mmvq_moe_args ar = a; ar.dst = dref;
+    reference<type, fused><<<dim3((p.nrows + 127)/128, N_USED, p.ntok), 128>>>(ar, dref);
+    CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+    std::vector<float> ref(nout), got(nout);
+    CK(cudaMemcpy(ref.data(), dref, nout*4, cudaMemcpyDeviceToHost));
+    float rmax = 0.0f;
+    for (float v : ref) rmax = fmaxf(rmax, fabsf(v));
+
+    const double bytes = double(distinct)*p.nrows*bpr*sizeof(B)*(fused ? 2 : 1);
+    cudaStream_t s; CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    const int reps = 400;
+    int vi = 0;
+#define RUN_VARIANT(R, K, M, U, P) {                                                                               \
+        CK(cudaMemset(dout, 0xff, nout*4));                                                                       \
+        launch<type, fused, R, K, M, U, P>(a, s);                                                                 \
+        CK(cudaGetLastError()); CK(cudaStreamSynchronize(s));                                                     \
+        CK(cudaMemcpy(got.data(), dout, nout*4, cudaMemcpyDeviceToHost));                                         \
+        float err = 0.0f;                                                                                         \
+        for (size_t i = 0; i < nout; ++i) err = fmaxf(err, std::isfinite(got[i]) ? fabsf(got[i] - ref[i]) : INFINITY); \
+        /* the timed launches as one CUDA graph: no gaps from the host (run.sh may share it with a build) */      \
+        cudaGraph_t g; cudaGraphExec_t ge;                                                                        \
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));                                          \
+        for (int w = 0; w < reps; ++w) launch<type, fused, R, K, M, U, P>(a, s);                                  \
+        CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));                                     \
+        CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));                                                 \
+        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s));                                                   \
+        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));                                                 \
+        CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));                                                    \
+        float ms = 0.0f; CK(cudaEventElapsedTime(&ms, e0, e1));                                                   \
+        const double us = 1000.0*ms/reps;                                                                         \
+        fprintf(out, "%-5s %-8s %5d %5d %2d  V%-2d rpb=%d ksplit=%d minb=%d unroll=%d pref=%d  %8.2f us %7.0f GB/s"   \
+                "  relerr %.1e  %s\n", htype<type>::name, p.shape.c_str(), p.nrows, p.k, p.ntok, vi, R, K, M, U, int(P), \
+                us, bytes/us/1e3, err/rmax, err/rmax < 1e-4f ? "ok" : "FAIL");                                    \
+        fflush(out); ++vi; }
+    VARIANTS(RUN_VARIANT)
+#undef RUN_VARIANT
+    CK(cudaFree(dy)); CK(cudaFree(dids)); CK(cudaFree(dref)); CK(cudaFree(dout));
+    CK(cudaStreamDestroy(s));
+}
+
+int main() {
+    std::mt19937 rng(28);
+    cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, 0));
+    printf("# %s, %d SMs, cc %d.%d; 256 experts, 8 used, uniform routing; V0 = the pinned kernel's shape\n",
+           prop.name, prop.multiProcessorCount, prop.major, prop.minor);
+    printf("# type  shape     rows     k  n  variant                                           time     distinct-bytes/time  check\n");
+    for (int ntok : {2, 4, 8}) {
+        const problem gu{"gate_up", 512, 2048, ntok, true}, dn{"down", 2048, 512, ntok, false};
+        run<GGML_TYPE_Q3_K, true >(gu, rng, stdout);  // hq3m (the 4090's file)
+        run<GGML_TYPE_Q4_K, true >(gu, rng, stdout);  // q4_k_m, and hq3m's down below
+        run<GGML_TYPE_Q8_0, true >(gu, rng, stdout);  // q8_0
+        run<GGML_TYPE_Q4_K, false>(dn, rng, stdout);
+        run<GGML_TYPE_Q6_K, false>(dn, rng, stdout);  // q4_k_m's down where llama-quantize gives it more bits
+        run<GGML_TYPE_Q8_0, false>(dn, rng, stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The shaped multi-token MoE mat-vec of the candidate patch (benchmarks/gpu/candidates/0017-*) alone, on the device
+# (issue 28): each shape checked against a plain reference and timed at the model's expert shapes, 2/4/8 tokens.
+# Needs nvcc and one NVIDIA GPU, no runtime build: TREE is the pinned llama.cpp tree, pristine (the candidate patch is
+# applied to a copy of its ggml/ here) or already carrying the patch.
+#   bash benchmarks/gpu/moe_kernel/run.sh TREE [OUT]
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd); TREE=$1; O=${2:-/tmp}
+B=$(mktemp -d)
+if [ -f "$TREE/ggml/src/ggml-cuda/mmvq-moe-shaped.cuh" ]; then
+  G=$TREE/ggml
+else
+  cp -r "$TREE/ggml" "$B/ggml"
+  patch -p1 --batch --quiet -d "$B" < "$(ls "$HERE"/../candidates/0017-*.patch)"
+  G=$B/ggml
+fi
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+nvcc -O3 -std=c++17 -arch=sm_$ARCH -Xptxas -v -I"$G/src/ggml-cuda" -I"$G/include" -I"$G/src" \
+  "$HERE/harness.cu" -o "$B/harness" > "$O/moe-kernel-build.log" 2>&1 || { tail -20 "$O/moe-kernel-build.log"; exit 1; }
+# registers and spills of each shape (ptxas), then the table
+awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n) }
+     /bytes spill/ { sp = $0; sub(/.*info *: */, "", sp) }
+     /Used [0-9]+ registers/ { if (n ~ /moe_shaped/) { r = $0; sub(/.*Used /, "", r); sub(/, used.*/, "", r); print n, r, sp }
+                               n = ""; sp = "" }' "$O/moe-kernel-build.log" \
+  | sed -E 's/_Z[0-9]+mul_mat_vec_q_moe_shapedIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELb([01])EEv13mmvq_moe_args/ggml_type \1 rpb=\2 ksplit=\3 minb=\4 unroll=\5 pref=\6 fused=\7:/' \
+  | sort | sed 's/^/# ptxas: /' > "$O/moe-kernel-regs.txt"
+"$B/harness" | tee "$O/moe-kernel.txt"
