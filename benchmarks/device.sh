@@ -211,9 +211,10 @@ case $job in
            if [ "${STREAMS_CANDIDATES:-0}" = 1 ]; then
              a+=(--tests --with-patch benchmarks/gpu/test-backend-ops-qwen35-decode-perf.patch)
              for f in benchmarks/gpu/candidates/[0-9]*.patch; do a+=(--with-patch "$f"); done
-             setup_device --no-runtime; extract_sources
-             bash benchmarks/gpu/moe_kernel/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" > "$OUT/moe-kernel.log" 2>&1 &
-             RUNTIME_BIN=none bash benchmarks/gpu/concurrency_h200.sh build-target > "$OUT/gen.log" 2>&1 &
+             setup_device --no-runtime; extract_sources; mkdir -p "$WORK/out"  # concurrency_h200.sh's results
+             bash benchmarks/gpu/moe_kernel/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$WORK/out" \
+               > "$WORK/out/moe-kernel.log" 2>&1 &
+             RUNTIME_BIN=none bash benchmarks/gpu/concurrency_h200.sh build-target > "$WORK/out/gen.log" 2>&1 &
            fi
            setup_device "${a[@]}"; wait; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
   moe-kernel) setup_device --no-runtime; extract_sources

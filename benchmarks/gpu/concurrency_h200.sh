@@ -43,14 +43,17 @@
 #   cand-perf    kernel times with each candidate off and on (test-backend-ops perf, the model's shapes at 2/4/8
 #                columns); $OUT/cand-perf.txt
 #   benchmarks/device.sh streams all
+# Results are written to $WORK/out ($O below; "$OUT/x" in the step list means "$O/x") and come back as one file,
+# $OUT/results.tgz, refreshed after every step (the device returns at most 8 files; a call cut short keeps the
+# steps it finished).
 set -uo pipefail
-O=$OUT; S=$WORK/shm; L=$WORK/logs; R=$WORK/recipes; mkdir -p $S $L $R
+O=$WORK/out; S=$WORK/shm; L=$WORK/logs; R=$WORK/recipes; mkdir -p $O $S $L $R
 mountpoint -q $S || mount -t tmpfs -o size=60G tmpfs $S || echo "no tmpfs at $S"
 # the table: the h200 recipe with a q8_0 KV cache; and the same with sampling on the server thread
 printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\n' > $R/h200-q8kv.toml
 printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
   > $R/h200-q8kv-host.toml
-keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
+keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
 CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0"
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
