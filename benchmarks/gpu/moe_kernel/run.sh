@@ -24,4 +24,4 @@ awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for
                                n = ""; sp = "" }' "$O/moe-kernel-build.log" \
   | sed -E 's/_Z[0-9]+mul_mat_vec_q_moe_shapedIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELb([01])EEv13mmvq_moe_args/ggml_type \1 rpb=\2 ksplit=\3 minb=\4 unroll=\5 pref=\6 fused=\7:/' \
   | sort | sed 's/^/# ptxas: /' > "$O/moe-kernel-regs.txt"
-"$B/harness" | tee "$O/moe-kernel.txt"
+timeout 300 "$B/harness" | tee "$O/moe-kernel.txt"
