@@ -17,8 +17,8 @@
 #              patch can be compared side by side (benchmarks/device.sh fattn). ggufbridge itself only ever finds the
 #              full series.
 # --with-patch FILE: the series and then FILE (repeatable, in order), also in its own cache folder: a candidate patch
-#              measured against the series before it joins it (benchmarks/device.sh streams candidates; the files
-#              in benchmarks/gpu/candidates/). Found through LLAMA_CPP_BIN, never by ggufbridge's own lookup.
+#              measured against the series before it joins it (STREAMS_CANDIDATES=1 benchmarks/device.sh streams; the
+#              files in benchmarks/gpu/candidates/). Found through LLAMA_CPP_BIN, never by ggufbridge's own lookup.
 # Once built it prints "build_runtime: runtime ready in BIN_DIR" (benchmarks/device.sh reads BIN_DIR from it).
 set -euo pipefail
 
