@@ -17,6 +17,9 @@
 #include <string>
 #include "mmvq.cuh"
 #include "mmvq-moe-shaped.cuh"
+#ifdef MOE_STOCK
+#include "stock-moe.cuh"
+#endif
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
@@ -173,30 +176,46 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
     const double bytes = double(distinct)*p.nrows*bpr*sizeof(B)*(fused ? 2 : 1);
     cudaStream_t s; CK(cudaStreamCreate(&s));
     cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    const int reps = 400;
+    // one kernel: its output against the reference, then 400 launches timed as one CUDA graph (no gaps from the
+    // host: run.sh may share the machine with a build)
+    auto measure = [&](const std::string & name, auto && launcher) {
+        const int reps = 400;
+        CK(cudaMemset(dout, 0xff, nout*4));
+        launcher(s);
+        CK(cudaGetLastError()); CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(got.data(), dout, nout*4, cudaMemcpyDeviceToHost));
+        float err = 0.0f;
+        for (size_t i = 0; i < nout; ++i) err = fmaxf(err, std::isfinite(got[i]) ? fabsf(got[i] - ref[i]) : INFINITY);
+        cudaGraph_t g; cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int w = 0; w < reps; ++w) launcher(s);
+        CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));
+        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s));
+        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
+        CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+        float ms = 0.0f; CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = 1000.0*ms/reps;
+        fprintf(out, "%-5s %-8s %5d %5d %2d  %-46s %8.2f us %7.0f GB/s  relerr %.1e  %s\n", htype<type>::name,
+                p.shape.c_str(), p.nrows, p.k, p.ntok, name.c_str(), us, bytes/us/1e3, err/rmax,
+                err/rmax < 1e-4f ? "ok" : "FAIL");
+        fflush(out);
+    };
+#ifdef MOE_STOCK
+    // the pinned tree's own kernel (stock-moe.cuh, cut from its mmvq.cu by run.sh), launched as mmvq.cu does
+    measure("stock mul_mat_vec_q_moe", [&](cudaStream_t st) {
+        const dim3 grid((a.nrows_x + 1)/2, N_USED), block(WARP_SIZE, a.ncols_dst);
+        mul_mat_vec_q_moe<type, 2, fused><<<grid, block, 0, st>>>(a.x, a.y, a.ids, a.fusion, a.dst, a.ncols_x,
+            a.nchannels_y, a.nrows_x, a.stride_row_x, a.stride_col_y, a.stride_col_dst, a.stride_channel_x,
+            a.stride_channel_y, a.stride_channel_dst, a.ncols_dst, a.ids_stride);
+    });
+#endif
     int vi = 0;
 #define RUN_VARIANT(R, K, M, U, P) {                                                                               \
-        CK(cudaMemset(dout, 0xff, nout*4));                                                                       \
-        launch<type, fused, R, K, M, U, P>(a, s);                                                                 \
-        CK(cudaGetLastError()); CK(cudaStreamSynchronize(s));                                                     \
-        CK(cudaMemcpy(got.data(), dout, nout*4, cudaMemcpyDeviceToHost));                                         \
-        float err = 0.0f;                                                                                         \
-        for (size_t i = 0; i < nout; ++i) err = fmaxf(err, std::isfinite(got[i]) ? fabsf(got[i] - ref[i]) : INFINITY); \
-        /* the timed launches as one CUDA graph: no gaps from the host (run.sh may share it with a build) */      \
-        cudaGraph_t g; cudaGraphExec_t ge;                                                                        \
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));                                          \
-        for (int w = 0; w < reps; ++w) launch<type, fused, R, K, M, U, P>(a, s);                                  \
-        CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));                                     \
-        CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));                                                 \
-        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s));                                                   \
-        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));                                                 \
-        CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));                                                    \
-        float ms = 0.0f; CK(cudaEventElapsedTime(&ms, e0, e1));                                                   \
-        const double us = 1000.0*ms/reps;                                                                         \
-        fprintf(out, "%-5s %-8s %5d %5d %2d  V%-2d rpb=%d ksplit=%d minb=%d unroll=%d pref=%d  %8.2f us %7.0f GB/s"   \
-                "  relerr %.1e  %s\n", htype<type>::name, p.shape.c_str(), p.nrows, p.k, p.ntok, vi, R, K, M, U, int(P), \
-                us, bytes/us/1e3, err/rmax, err/rmax < 1e-4f ? "ok" : "FAIL");                                    \
-        fflush(out); ++vi; }
+        char name[64];                                                                                            \
+        snprintf(name, sizeof(name), "V%-2d rpb=%d ksplit=%d minb=%d unroll=%d pref=%d", vi, R, K, M, U, int(P)); \
+        measure(name, [&](cudaStream_t st) { launch<type, fused, R, K, M, U, P>(a, st); });                       \
+        ++vi; }
     VARIANTS(RUN_VARIANT)
 #undef RUN_VARIANT
     CK(cudaFree(dy)); CK(cudaFree(dids)); CK(cudaFree(dref)); CK(cudaFree(dout));
@@ -206,7 +225,8 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
 int main() {
     std::mt19937 rng(28);
     cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, 0));
-    printf("# %s, %d SMs, cc %d.%d; 256 experts, 8 used, uniform routing; V0 = the pinned kernel's shape\n",
+    printf("# %s, %d SMs, cc %d.%d; 256 experts, 8 used, uniform routing; V0 = the pinned kernel's shape, \"stock\" = "
+           "its kernel itself\n",
            prop.name, prop.multiProcessorCount, prop.major, prop.minor);
     printf("# type  shape     rows     k  n  variant                                           time     distinct-bytes/time  check\n");
     for (int ntok : {2, 4, 8}) {

@@ -14,8 +14,20 @@ else
   patch -p1 --batch --quiet -d "$B" < "$(ls "$HERE"/../candidates/0017-*.patch)"
   G=$B/ggml
 fi
+# the stock kernel beside the shapes: mul_mat_vec_q_moe and the constexpr helpers it uses, cut from the tree's own
+# mmvq.cu (everything before its first host function, get_mmvq_mmid_max_batch_for_device, the kernel; not its
+# mmvq.cuh include, which has no include guard); without them the table has the shapes only
+STOCK=()
+awk '/^int get_mmvq_mmid_max_batch\(/ { p1 = 1 }
+     !p1 { if ($0 !~ /^#include "mmvq.cuh"/) print; next }
+     /^\/\/ Device constexpr: returns the max batch size/ { p2 = 1 }
+     p2 { print; if ($0 ~ /^}/) p2 = 0; next }
+     /^\/\/ Dedicated MoE multi-token kernel\./ { p3 = 1 }
+     p3 && /^template<ggml_type type>$/ { p3 = 0 }
+     p3 { print }' "$G/src/ggml-cuda/mmvq.cu" > "$B/stock-moe.cuh"
+grep -q "static __global__ void mul_mat_vec_q_moe(" "$B/stock-moe.cuh" && STOCK=(-DMOE_STOCK -I"$B")
 ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-nvcc -O3 -std=c++17 -arch=sm_$ARCH -Xptxas -v -I"$G/src/ggml-cuda" -I"$G/include" -I"$G/src" \
+nvcc -O3 -std=c++17 -arch=sm_$ARCH -Xptxas -v "${STOCK[@]}" -I"$G/src/ggml-cuda" -I"$G/include" -I"$G/src" \
   "$HERE/harness.cu" -o "$B/harness" > "$O/moe-kernel-build.log" 2>&1 || { tail -20 "$O/moe-kernel-build.log"; exit 1; }
 # registers and spills of each shape (ptxas), then the table
 awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n) }
