@@ -32,8 +32,9 @@ nvcc -O3 -std=c++17 -arch=sm_$ARCH -Xptxas -v "${STOCK[@]}" -I"$G/src/ggml-cuda"
 # registers and spills of each shape (ptxas), then the table
 awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n) }
      /bytes spill/ { sp = $0; sub(/.*info *: */, "", sp) }
-     /Used [0-9]+ registers/ { if (n ~ /moe_shaped/) { r = $0; sub(/.*Used /, "", r); sub(/, used.*/, "", r); print n, r, sp }
+     /Used [0-9]+ registers/ { if (n ~ /moe_shaped|mul_mat_vec_q_moeIL/) { r = $0; sub(/.*Used /, "", r); sub(/, used.*/, "", r); print n, r, sp }
                                n = ""; sp = "" }' "$O/moe-kernel-build.log" \
-  | sed -E 's/_Z[0-9]+mul_mat_vec_q_moe_shapedIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELb([01])EEv13mmvq_moe_args/ggml_type \1 rpb=\2 ksplit=\3 minb=\4 unroll=\5 pref=\6 fused=\7:/' \
+  | sed -E -e 's/_Z[0-9]+mul_mat_vec_q_moe_shapedIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELb([01])EEv13mmvq_moe_args/ggml_type \1 rpb=\2 ksplit=\3 minb=\4 unroll=\5 pref=\6 fused=\7:/' \
+      -e 's/_Z17mul_mat_vec_q_moeIL9ggml_type([0-9]+)ELi2ELb([01])E[^ ]*/ggml_type \1 stock fused=\2:/' \
   | sort | sed 's/^/# ptxas: /' > "$O/moe-kernel-regs.txt"
 timeout 300 "$B/harness" | tee "$O/moe-kernel.txt"
