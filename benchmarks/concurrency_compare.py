@@ -1,7 +1,7 @@
 """Two or more `ggufbridge bench --concurrency` runs side by side: the before/after table and plot of
 docs/benchmarks.md (issue 28), from the runs' concurrency.json files.
 
-    python benchmarks/concurrency_compare.py series=OFF/concurrency.json candidates=ON/concurrency.json \
+    .venv/bin/python benchmarks/concurrency_compare.py series=OFF/concurrency.json candidates=ON/concurrency.json \
         -o docs/concurrency-h200-candidates.png
 
 Prints a markdown table: per run and number of streams, the aggregate decode tok/s (the sum of the per-stream
@@ -16,6 +16,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from ggufbridge.runtime.concurrency import ratio_text as ratio
 
 
 class BadRun(Exception):
@@ -33,10 +35,6 @@ def load(spec: str) -> tuple[str, list[dict]]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadRun(f"{path}: not a bench --concurrency result ({type(e).__name__}: {e})") from None
     return label, rows
-
-
-def ratio(x: float | None, base: float | None) -> str:
-    return f"{x / base:.2f}x" if x and base else "n/a"
 
 
 def table(runs: list[tuple[str, list[dict]]]) -> str:

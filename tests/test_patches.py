@@ -15,17 +15,24 @@ from ggufbridge.runtime import patches
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def assert_format_patch_with_a_why(p: patches.Patch) -> str:
+    """format-patch output (git am's mbox line, From, Date, Subject), a body of a few sentences, a diff; the
+    message part is returned."""
+    head, _, rest = p.path.read_text().partition("\n---\n")
+    lines = head.splitlines()
+    assert lines[0].startswith("From 0000000000000000000000000000000000000000 "), p.name  # git am's mbox line
+    assert lines[1].startswith("From: ") and lines[2].startswith("Date: ") and p.subject, p.name
+    body = "\n".join(lines[4:]).strip()
+    assert len(body.split()) >= 30, f"{p.name}: the body says why in a few sentences"
+    assert "\ndiff --git " in rest
+    return head
+
+
 def test_every_patch_is_format_patch_output_with_a_why():
     series = patches.series()
     assert [p.name[:4] for p in series] == [f"{i:04d}" for i in range(1, len(series) + 1)]  # applied in order
     for p in series:
-        head, _, rest = p.path.read_text().partition("\n---\n")
-        lines = head.splitlines()
-        assert lines[0].startswith("From 0000000000000000000000000000000000000000 "), p.name  # git am's mbox line
-        assert lines[1].startswith("From: ") and lines[2].startswith("Date: ") and p.subject, p.name
-        body = "\n".join(lines[4:]).strip()
-        assert len(body.split()) >= 30, f"{p.name}: the body says why in a few sentences"
-        assert "\ndiff --git " in rest
+        assert_format_patch_with_a_why(p)
 
 
 def test_every_patch_touches_exactly_the_components_its_subject_names():
@@ -103,9 +110,7 @@ def test_candidate_patches_are_series_patches_in_waiting():
     n = len(patches.series())
     assert [c.name[:4] for c in cands] == [f"{i:04d}" for i in range(n + 1, n + 1 + len(cands))]
     for c in cands:
-        head, _, rest = c.path.read_text().partition("\n---\n")
-        assert head.startswith("From 0000000000000000000000000000000000000000 ") and c.subject, c.name
-        assert len(head.split("\n\n", 1)[1].split()) >= 30, f"{c.name}: the body says why"
+        head = assert_format_patch_with_a_why(c)
         assert c.concern_problems() == [], c.name
         # each is off through an environment variable, so that one build measures before and after
         assert "=0" in head and "GGML_CUDA_" in head, f"{c.name}: its off switch is in the message"

@@ -204,6 +204,11 @@ def compare_modes(streams: list[Stream]) -> dict:
     return {str(k): v for k, v in sorted(out.items())}
 
 
+def ratio_text(x: float | None, base: float | None) -> str:
+    """x against base as "2.52x", "n/a" when either is missing (a level without a steady window)."""
+    return f"{x / base:.2f}x" if x and base else "n/a"
+
+
 def markdown(result: dict) -> str:
     lines = [f"# ggufbridge bench --concurrency: {result['model']}", "",
              f"runtime: `{result['runtime']['bin']}` commit `{result['runtime']['commit']}`; recipe "
@@ -214,7 +219,6 @@ def markdown(result: dict) -> str:
              "aggregate while all decode tok/s | vs one stream | TTFT p50 s | TTFT p95 s | output tok/s |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     num = lambda x: f"{x:.1f}" if x else "n/a"  # noqa: E731
-    ratio = lambda x, b: f"{x / b:.2f}x" if x and b else "n/a"  # noqa: E731
     for mode in ("target", "draft"):
         rows = [r for r in result["rows"] if r["mode"] == mode]
         one = rows[0] if rows and rows[0]["streams"] == 1 else {}
@@ -222,8 +226,8 @@ def markdown(result: dict) -> str:
             per = ", ".join(num(x) for x in r["per_stream_decode_tok_s"])
             steady = r.get("steady_decode_tok_s")  # absent in a concurrency.json written before it existed
             lines.append(f"| {mode} | {r['streams']} | {per} | {r['aggregate_decode_tok_s']:.1f} | "
-                         f"{ratio(r['aggregate_decode_tok_s'], one.get('aggregate_decode_tok_s'))} | "
-                         f"{num(steady)} | {ratio(steady, one.get('steady_decode_tok_s'))} | "
+                         f"{ratio_text(r['aggregate_decode_tok_s'], one.get('aggregate_decode_tok_s'))} | "
+                         f"{num(steady)} | {ratio_text(steady, one.get('steady_decode_tok_s'))} | "
                          f"{r['ttft_p50_s']:.3f} | {r['ttft_p95_s']:.3f} | {r['output_tok_s']:.1f} |")
     if result.get("greedy_identical"):
         same = ", ".join(f"{k} streams: {'yes' if v else 'NO'}" for k, v in result["greedy_identical"].items())
