@@ -72,7 +72,8 @@ pack() {
   done
   tar -czf "$DEV.tmp/llama-src.tgz" -C "$CACHE/src" "${parts[@]}"
   download "$DEV.tmp/whl" "${WHEELS[@]}" || exit 1
-  .venv/bin/python -c "from ggufbridge.testkit.vocab import write_tokenizer; write_tokenizer('$DEV.tmp/tok')" >/dev/null
+  .venv/bin/python -c "from ggufbridge.testkit.vocab import write_tokenizer; write_tokenizer('$DEV.tmp/tok')" >/dev/null \
+    || { echo "device.sh: the tokenizer could not be written (scripts/setup.sh first)" >&2; exit 1; }
   gzip -9 "$DEV.tmp/tok/tokenizer.json"
   if [ $exl3 = 1 ]; then  # what travels of build/exl3 (the GGUFs and the dump stay here for the merge step)
     bash benchmarks/gpu/exl3_prep.sh build/exl3 && cp -r build/exl3/device "$DEV.tmp/exl3" \
@@ -206,13 +207,14 @@ case $job in
          exec bash benchmarks/gpu/fattn_h200.sh "$@" ;;
   # STREAMS_CANDIDATES=1: the series and then benchmarks/gpu/candidates/*.patch (each with an environment variable
   # that turns it off, so that one build measures before and after) and the decode perf cases of test-backend-ops
-  # (the build takes ~5 min: the candidates' own kernel table and the target file are made beside it, then waited for)
+  # (the build takes ~5 min: the candidates' own kernel table and the target file are made beside it, then waited for;
+  # MOE_KERNEL=0 leaves the table out, e.g. when docs/moe-kernel-h200.txt already has this tree's)
   streams) a=(--target llama-batched-bench)
            if [ "${STREAMS_CANDIDATES:-0}" = 1 ]; then
              a+=(--tests --with-patch benchmarks/gpu/test-backend-ops-qwen35-decode-perf.patch)
              for f in benchmarks/gpu/candidates/[0-9]*.patch; do a+=(--with-patch "$f"); done
              setup_device --no-runtime; extract_sources; mkdir -p "$WORK/out"  # concurrency_h200.sh's results
-             [ -s "$WORK/out/moe-kernel.txt" ] || bash benchmarks/gpu/moe_kernel/run.sh \
+             [ -s "$WORK/out/moe-kernel.txt" ] || [ "${MOE_KERNEL:-1}" = 0 ] || bash benchmarks/gpu/moe_kernel/run.sh \
                "$CACHE/src/$SDIST/vendor/llama.cpp" "$WORK/out" > "$WORK/out/moe-kernel.log" 2>&1 &  # once a machine
              RUNTIME_BIN=none bash benchmarks/gpu/concurrency_h200.sh build-target > "$WORK/out/gen.log" 2>&1 &
            fi

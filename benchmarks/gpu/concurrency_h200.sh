@@ -33,13 +33,15 @@
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 # With STREAMS_CANDIDATES=1 (device.sh: the runtime is the series and then benchmarks/gpu/candidates/*.patch, with
 # test-backend-ops and its decode perf cases; the candidates' kernel table moe-kernel.txt and the target file are
-# made during the build) four more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
+# made during the build) five more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
 # build is the series (before) and the series with the candidates (after):
 #   eval         test-backend-ops on CUDA0 against the CPU: MUL_MAT_ID, MUL_MAT_VEC_FUSION (fused gate/GLU with
-#                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION for each compiled MoE shape, MUL_MAT for the types the
+#                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION with the shaped MoE kernel, MUL_MAT for the types the
 #                crossover row names and F32; $OUT/eval.txt
 #   bench-off    `bench` with the candidates off: the series; $OUT/concurrency-off/*
 #   bench        (above) with the candidates on (their defaults)
+#   cand-timing  the decode step alone (llama-batched-bench) at 1-8 sequences with the candidates off, on, the MoE
+#                kernel alone, and MUL_MAT_ID on MMQ from 2 tokens; $OUT/cand-timing.txt
 #   cand-perf    kernel times with each candidate off and on (test-backend-ops perf, the model's shapes at 2/4/8
 #                columns); $OUT/cand-perf.txt
 #   benchmarks/device.sh streams all
@@ -110,11 +112,9 @@ crossover)
       | sed -u -e 's/\x1b\[[0-9;]*m//g' > $O/$([ $op = MUL_MAT_ID ] && echo mmid || echo mm).txt
   done ;;
 eval)
-  { for shape in 1 2 3; do
-      echo "# GGML_CUDA_MOE_SHAPED=$shape"
-      for op in MUL_MAT_ID MUL_MAT_VEC_FUSION MUL_MAT_ID_FUSION; do
-        GGML_CUDA_MOE_SHAPED=$shape tbo 120 -o $op -b CUDA0 | grep -E "FAIL|tests passed|Backend CUDA0: "
-      done
+  { echo "# the shaped MoE kernel (0017, its shapes by the matrix's form)"
+    for op in MUL_MAT_ID MUL_MAT_VEC_FUSION MUL_MAT_ID_FUSION; do
+      tbo 120 -o $op -b CUDA0 | grep -E "FAIL|tests passed|Backend CUDA0: "
     done
     echo "# MUL_MAT (the crossover row's types, F32)"
     tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
@@ -122,24 +122,36 @@ eval)
 bench-off)
   env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
+cand-timing)
+  # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the candidates off, all on,
+  # the MoE kernel alone, and MMQ with expert ids for MUL_MAT_ID from 2 tokens (GGML_CUDA_MOE_MMVQ_MAX=1, 0019's
+  # measuring knob); $OUT/cand-timing.txt, $OUT/decode-timing-<config>.json
+  for v in "off:$CAND_OFF" "on:" "moe-only:GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0" \
+           "moe-mmq:GGML_CUDA_MOE_MMVQ_MAX=1"; do
+    env ${v#*:} timeout 120 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
+      --timing-npl 1,2,4,8 --ntg 64 --json $O/decode-timing-${v%%:*}.json > $L/timing-${v%%:*}.log 2>&1
+  done
+  python3 benchmarks/gpu/cand_timing.py $O | tee $O/cand-timing.txt ;;
 cand-perf)
-  { # the MoE mat-vec at the model's expert shapes: stock (0) and the three compiled shapes
-    for shape in 0 1 2 3; do
+  { # the MoE mat-vec at the model's expert shapes: stock (0) and the shaped kernel (1)
+    for shape in 0 1; do
       echo "# GGML_CUDA_MOE_SHAPED=$shape"
       GGML_CUDA_MOE_SHAPED=$shape tbo 100 perf -o MUL_MAT_ID -b CUDA0 -p "n_mats=256,n_used=8,.*n=(2|4|8)," | grep "us/run"
     done
     # the dense crossover (8192-row matrices and the head) and the thin F32 matrices, off and on
     for v in "GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0" "GGML_CUDA_MMVQ_HOPPER=1 GGML_CUDA_MMVF_THIN_F32=1"; do
       echo "# $v"
-      env $v "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
-        -p "(m=8192|m=248320|m=256|m=1),n=(4|6|8),k=2048," 2>&1 | sed -e 's/\x1b\[[0-9;]*m//g' | grep "us/run"
+      # (the types of the model's files only: every type at the head's 248,320 rows outlasted a 7-minute call)
+      env $v timeout 150 "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+        -p "type_a=(f32|q3_K|q4_K|q6_K|q8_0),.*(m=8192|m=248320|m=256|m=1),n=(4|6|8),k=2048," 2>&1 \
+        | sed -e 's/\x1b\[[0-9;]*m//g' | grep "us/run"
     done
   } | tee $O/cand-perf.txt ;;
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
 *) echo "streams: unknown step $step (all build build-target timing where kernels
-   bench bench-host bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-off cand-perf)" >&2
+   bench bench-host bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-off cand-timing cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
 t done
