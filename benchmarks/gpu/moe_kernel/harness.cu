@@ -1,7 +1,9 @@
 // The shaped multi-token MoE mat-vec (ggml-cuda/mmvq-moe-shaped.cuh of the candidate patch
-// benchmarks/gpu/candidates/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch) alone on one GPU: every shape in VARIANTS against a
+// benchmarks/gpu/candidates/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch) and the Q3_K row-per-warp kernel
+// (moe-q3k-rowwarp.cuh, next to this file) alone on one GPU: every shape in VARIANTS and the row-per-warp kernel against a
 // plain reference that sums the same vec_dot over every quant index of every block (checks the kernel's
-// indexing, row, token, expert and K-split bookkeeping; the vec_dot arithmetic itself is upstream's, checked by
+// indexing, row, token, expert and K-split bookkeeping; the row-per-warp kernel's own Q3_K arithmetic against
+// upstream's vec_dot; that vec_dot itself is checked by
 // test-backend-ops), then kernel times over the expert shapes of Qwen3.5-35B-A3B / MiniCPM-V 4.7 (256 experts,
 // 8 used; gate/up fused 2 x 512 x 2048, down 2048 x 512) at 2, 4 and 8 tokens with uniform random routing (what
 // random weights route like). Built and run by run.sh next to this file. Output: one line per (type, shape,
@@ -17,6 +19,7 @@
 #include <string>
 #include "mmvq.cuh"
 #include "mmvq-moe-shaped.cuh"
+#include "moe-q3k-rowwarp.cuh"
 #ifdef MOE_STOCK
 #include "stock-moe.cuh"
 #endif
@@ -218,6 +221,21 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
         ++vi; }
     VARIANTS(RUN_VARIANT)
 #undef RUN_VARIANT
+    // the Q3_K row-per-warp kernel (moe-q3k-rowwarp.cuh): RPW rows a warp, NW warps a block
+    if constexpr (type == GGML_TYPE_Q3_K) {
+        if (p.k % 2048 == 0 && p.k / 2048 == 1) {
+#define RUN_ROWWARP(R, W) {                                                                                       \
+            char name[64];                                                                                        \
+            snprintf(name, sizeof(name), "q3k-rowwarp rpw=%d warps=%d", R, W);                                    \
+            measure(name, [&](cudaStream_t st) {                                                                  \
+                mul_mat_vec_q3k_moe_rowwarp<R, W, 1, fused>                                                       \
+                    <<<q3k_rowwarp_grid<R, W>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a);   \
+            }); }
+            RUN_ROWWARP(1, 4) RUN_ROWWARP(2, 4) RUN_ROWWARP(4, 4) RUN_ROWWARP(8, 4) RUN_ROWWARP(4, 8)
+            RUN_ROWWARP(16, 2)
+#undef RUN_ROWWARP
+        }
+    }
     CK(cudaFree(dy)); CK(cudaFree(dids)); CK(cudaFree(dref)); CK(cudaFree(dout));
     CK(cudaStreamDestroy(s));
 }
