@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-CONFIGS = ("off", "on", "moe-only", "moe-mmq")
+CONFIGS = ("off", "on", "moe-only", "shaped-only", "moe-mmq")
 
 
 def main(folder: str) -> int:
@@ -15,14 +15,14 @@ def main(folder: str) -> int:
         try:
             rows = json.loads((Path(folder) / f"decode-timing-{tag}.json").read_text())["timing"]
         except (OSError, ValueError, KeyError):
-            print(f"{tag:9s} (no result)")
+            print(f"{tag:11s} (no result)")
             continue
         one = next((r for r in rows if r.get("pl") == 1), None)
         cells = []
         for r in rows:
             ratio = f" {r['speed_tg'] / one['speed_tg']:.2f}x" if one else ""
             cells.append(f"{r['pl']}: {r['ms_per_step']:6.2f} ms{ratio}")
-        print(f"{tag:9s} " + "  ".join(cells))
+        print(f"{tag:11s} " + "  ".join(cells))
     return 0
 
 

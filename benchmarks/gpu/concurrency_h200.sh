@@ -41,7 +41,7 @@
 #   bench-off    `bench` with the candidates off: the series; $OUT/concurrency-off/*
 #   bench        (above) with the candidates on (their defaults)
 #   cand-timing  the decode step alone (llama-batched-bench) at 1-8 sequences with the candidates off, on, the MoE
-#                kernel alone, and MUL_MAT_ID on MMQ from 2 tokens; $OUT/cand-timing.txt
+#                kernels alone, the shaped one alone, and MUL_MAT_ID on MMQ from 2 tokens; $OUT/cand-timing.txt
 #   cand-perf    kernel times with each candidate off and on (test-backend-ops perf, the model's shapes at 2/4/8
 #                columns); $OUT/cand-perf.txt
 #   benchmarks/device.sh streams all
@@ -56,7 +56,7 @@ printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncach
 printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
   > $R/h200-q8kv-host.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0"
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0"  # (SHAPED=0: row-per-warp too)
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
@@ -124,9 +124,11 @@ bench-off)
     --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
 cand-timing)
   # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the candidates off, all on,
-  # the MoE kernel alone, and MMQ with expert ids for MUL_MAT_ID from 2 tokens (GGML_CUDA_MOE_MMVQ_MAX=1, 0019's
-  # measuring knob); $OUT/cand-timing.txt, $OUT/decode-timing-<config>.json
-  for v in "off:$CAND_OFF" "on:" "moe-only:GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0" \
+  # the MoE kernels alone (row-per-warp and shaped), the shaped kernel alone (row-per-warp off), and MMQ with expert
+  # ids for MUL_MAT_ID from 2 tokens (GGML_CUDA_MOE_MMVQ_MAX=1, 0019's measuring knob); $OUT/cand-timing.txt,
+  # $OUT/decode-timing-<config>.json
+  T="GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0"
+  for v in "off:$CAND_OFF" "on:" "moe-only:$T" "shaped-only:$T GGML_CUDA_MOE_ROWWARP=0" \
            "moe-mmq:GGML_CUDA_MOE_MMVQ_MAX=1"; do
     env ${v#*:} timeout 120 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
       --timing-npl 1,2,4,8 --ntg 64 --json $O/decode-timing-${v%%:*}.json > $L/timing-${v%%:*}.log 2>&1

@@ -1,10 +1,10 @@
-// The shaped multi-token MoE mat-vec (ggml-cuda/mmvq-moe-shaped.cuh of the candidate patch
-// benchmarks/gpu/candidates/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch) and the Q3_K row-per-warp kernel
-// (moe-q3k-rowwarp.cuh, next to this file) alone on one GPU: every shape in VARIANTS and the row-per-warp kernel against a
-// plain reference that sums the same vec_dot over every quant index of every block (checks the kernel's
-// indexing, row, token, expert and K-split bookkeeping; the row-per-warp kernel's own Q3_K arithmetic against
-// upstream's vec_dot; that vec_dot itself is checked by
-// test-backend-ops), then kernel times over the expert shapes of Qwen3.5-35B-A3B / MiniCPM-V 4.7 (256 experts,
+// The multi-token MoE mat-vecs of the candidate patch
+// benchmarks/gpu/candidates/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch alone on one GPU: the shaped generic
+// kernel (ggml-cuda/mmvq-moe-shaped.cuh, every shape in VARIANTS) and the Q3_K/Q4_K row-per-warp kernels
+// (ggml-cuda/mmvq-moe-rowwarp.cuh, several shapes each) against a plain reference that sums upstream's vec_dot over
+// every quant index of every block. That checks the shaped kernel's indexing (rows, tokens, experts, K split) and
+// the row-per-warp kernels' own Q3_K/Q4_K arithmetic as well; upstream's vec_dot itself is checked by
+// test-backend-ops. Then kernel times over the expert shapes of Qwen3.5-35B-A3B / MiniCPM-V 4.7 (256 experts,
 // 8 used; gate/up fused 2 x 512 x 2048, down 2048 x 512) at 2, 4 and 8 tokens with uniform random routing (what
 // random weights route like). Built and run by run.sh next to this file. Output: one line per (type, shape,
 // tokens, variant): microseconds, the routed experts' distinct bytes over that time, the max relative error.
@@ -19,7 +19,7 @@
 #include <string>
 #include "mmvq.cuh"
 #include "mmvq-moe-shaped.cuh"
-#include "moe-q3k-rowwarp.cuh"
+#include "mmvq-moe-rowwarp.cuh"
 #ifdef MOE_STOCK
 #include "stock-moe.cuh"
 #endif
@@ -221,7 +221,7 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
         ++vi; }
     VARIANTS(RUN_VARIANT)
 #undef RUN_VARIANT
-    // the Q3_K row-per-warp kernel (moe-q3k-rowwarp.cuh): RPW rows a warp, NW warps a block
+    // the row-per-warp kernels (mmvq-moe-rowwarp.cuh): RPW rows a warp, NW warps a block; Q3_K for K = 2048
     if constexpr (type == GGML_TYPE_Q3_K) {
         if (p.k % 2048 == 0 && p.k / 2048 == 1) {
 #define RUN_ROWWARP(R, W) {                                                                                       \
@@ -235,6 +235,22 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
             RUN_ROWWARP(16, 2)
 #undef RUN_ROWWARP
         }
+    }
+    // the Q4_K row-per-warp kernel: K = 2048 (gate/up) 8 super-blocks a pass, K = 512 (down) 2, 4 rows at once
+    if constexpr (type == GGML_TYPE_Q4_K) {
+#define RUN_ROWWARP4(R, W, BPP) {                                                                                 \
+            char name[64];                                                                                        \
+            snprintf(name, sizeof(name), "q4k-rowwarp rpw=%d warps=%d bpp=%d", R, W, BPP);                        \
+            measure(name, [&](cudaStream_t st) {                                                                  \
+                mul_mat_vec_q4k_moe_rowwarp<R, W, BPP, 1, fused>                                                  \
+                    <<<q4k_rowwarp_grid<R, W, BPP>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a); \
+            }); }
+        if (p.k == 2048) {
+            RUN_ROWWARP4(1, 4, 8) RUN_ROWWARP4(2, 4, 8) RUN_ROWWARP4(4, 4, 8) RUN_ROWWARP4(8, 4, 8)
+        } else if (p.k == 512) {
+            RUN_ROWWARP4(1, 4, 2) RUN_ROWWARP4(2, 4, 2) RUN_ROWWARP4(4, 4, 2) RUN_ROWWARP4(8, 2, 2)
+        }
+#undef RUN_ROWWARP4
     }
     CK(cudaFree(dy)); CK(cudaFree(dids)); CK(cudaFree(dref)); CK(cudaFree(dout));
     CK(cudaStreamDestroy(s));
