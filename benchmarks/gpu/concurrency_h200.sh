@@ -41,7 +41,8 @@
 #   bench-off    `bench` with the candidates off: the series; $OUT/concurrency-off/*
 #   bench        (above) with the candidates on (their defaults)
 #   cand-timing  the decode step alone (llama-batched-bench) at 1-8 sequences with the candidates off, on, the MoE
-#                kernels alone, the shaped one alone, and MUL_MAT_ID on MMQ from 2 tokens; $OUT/cand-timing.txt
+#                kernels alone, the shaped one alone, the Q6_K multi-column one alone, and MUL_MAT_ID on MMQ from 2
+#                tokens; $OUT/cand-timing.txt
 #   cand-perf    kernel times with each candidate off and on (test-backend-ops perf, the model's shapes at 2/4/8
 #                columns); $OUT/cand-perf.txt
 #   benchmarks/device.sh streams all
@@ -56,7 +57,8 @@ printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncach
 printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
   > $R/h200-q8kv-host.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0"  # (SHAPED=0: row-per-warp too)
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVQ_COLS=0"
+# (MOE_SHAPED=0 turns the row-per-warp MoE kernels off too)
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
@@ -124,11 +126,12 @@ bench-off)
     --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
 cand-timing)
   # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the candidates off, all on,
-  # the MoE kernels alone (row-per-warp and shaped), the shaped kernel alone (row-per-warp off), and MMQ with expert
-  # ids for MUL_MAT_ID from 2 tokens (GGML_CUDA_MOE_MMVQ_MAX=1, 0019's measuring knob); $OUT/cand-timing.txt,
-  # $OUT/decode-timing-<config>.json
+  # the MoE kernels alone (row-per-warp and shaped), the shaped MoE kernel alone (row-per-warp off), the Q6_K
+  # multi-column mat-vec alone, and all on with MMQ with expert ids for MUL_MAT_ID from 2 tokens
+  # (GGML_CUDA_MOE_MMVQ_MAX=1, 0019's measuring knob); $OUT/cand-timing.txt, $OUT/decode-timing-<config>.json
   T="GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0"
-  for v in "off:$CAND_OFF" "on:" "moe-only:$T" "shaped-only:$T GGML_CUDA_MOE_ROWWARP=0" \
+  for v in "off:$CAND_OFF" "on:" "moe-only:$T GGML_CUDA_MMVQ_COLS=0" \
+           "shaped-only:$T GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_MOE_ROWWARP=0" "cols-only:$T GGML_CUDA_MOE_SHAPED=0" \
            "moe-mmq:GGML_CUDA_MOE_MMVQ_MAX=1"; do
     env ${v#*:} timeout 120 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
       --timing-npl 1,2,4,8 --ntg 64 --json $O/decode-timing-${v%%:*}.json > $L/timing-${v%%:*}.log 2>&1
@@ -140,8 +143,11 @@ cand-perf)
       echo "# GGML_CUDA_MOE_SHAPED=$shape"
       GGML_CUDA_MOE_SHAPED=$shape tbo 100 perf -o MUL_MAT_ID -b CUDA0 -p "n_mats=256,n_used=8,.*n=(2|4|8)," | grep "us/run"
     done
-    # the dense crossover (8192-row matrices and the head) and the thin F32 matrices, off and on
-    for v in "GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0" "GGML_CUDA_MMVQ_HOPPER=1 GGML_CUDA_MMVF_THIN_F32=1"; do
+    # the dense matrices (8192 rows and the head) and the thin F32 ones: all off, the multi-column Q6_K and thin F32
+    # kernels, and those with the crossover row (which sends the large ones to MMQ from some column count)
+    for v in "GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_COLS=0" \
+             "GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=1 GGML_CUDA_MMVQ_COLS=1" \
+             "GGML_CUDA_MMVQ_HOPPER=1 GGML_CUDA_MMVF_THIN_F32=1 GGML_CUDA_MMVQ_COLS=1"; do
       echo "# $v"
       # (the types of the model's files only: every type at the head's 248,320 rows outlasted a 7-minute call)
       env $v timeout 150 "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT -b CUDA0 \

@@ -20,6 +20,7 @@
 #include "mmvq.cuh"
 #include "mmvq-moe-shaped.cuh"
 #include "mmvq-moe-rowwarp.cuh"
+#include "mmvq-cols.cuh"
 #ifdef MOE_STOCK
 #include "stock-moe.cuh"
 #endif
@@ -256,6 +257,88 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
     CK(cudaStreamDestroy(s));
 }
 
+// the dense multi-column Q6_K mat-vec (mmvq-cols.cuh, candidate 0020) against upstream's vec_dot summed per (row,
+// column): one thread per (row, column), every block, every quant index
+__global__ void reference_dense_q6k(const void * x, const block_q8_1 * y, float * out, int k, int nrows, int ncols) {
+    constexpr int qi = ggml_cuda_type_traits<GGML_TYPE_Q6_K>::qi;
+    const int row = blockIdx.x*blockDim.x + threadIdx.x, col = blockIdx.y;
+    if (row >= nrows || col >= ncols) return;
+    const int bpr = k/QK_K;
+    float s = 0.0f;
+    for (int kbx = 0; kbx < bpr; ++kbx) {
+        for (int iqs = 0; iqs < qi; iqs += VDR_Q6_K_Q8_1_MMVQ) {
+            s += vec_dot_q6_K_q8_1(x, &y[col*(k/QK8_1) + kbx*(QK_K/QK8_1)], row*bpr + kbx, iqs);
+        }
+    }
+    out[col*nrows + row] = s;
+}
+
+static void run_dense_q6k(const int nrows, const int k, const int ncols, std::mt19937 & rng, FILE * out) {
+    const int bpr = k/QK_K;
+    const size_t nb = size_t(nrows)*bpr;
+    std::vector<uint8_t> hx;
+    fill_blocks<GGML_TYPE_Q6_K>(hx, nb, rng);
+    std::vector<float> hyf(size_t(ncols)*k);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto & v : hyf) v = nd(rng);
+    std::vector<block_q8_1> hy(hyf.size()/QK8_1);
+    for (int c = 0; c < ncols; ++c) quantize_q8_1(&hyf[size_t(c)*k], &hy[size_t(c)*(k/QK8_1)], k);
+    void * dx; block_q8_1 * dy; float * dref, * dout;
+    const size_t nout = size_t(ncols)*nrows;
+    CK(cudaMalloc(&dx, hx.size())); CK(cudaMemcpy(dx, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dy, hy.size()*sizeof(block_q8_1)));
+    CK(cudaMemcpy(dy, hy.data(), hy.size()*sizeof(block_q8_1), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dref, nout*4)); CK(cudaMalloc(&dout, nout*4));
+    reference_dense_q6k<<<dim3((nrows + 127)/128, ncols), 128>>>(dx, dy, dref, k, nrows, ncols);
+    CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+    std::vector<float> ref(nout), got(nout);
+    CK(cudaMemcpy(ref.data(), dref, nout*4, cudaMemcpyDeviceToHost));
+    float rmax = 0.0f;
+    for (float v : ref) rmax = fmaxf(rmax, fabsf(v));
+    cudaStream_t s; CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    const size_t smem = mmvq_cols_smem(8, k);
+    auto measure = [&](const char * name, auto && launcher) {
+        const int reps = nrows > 100000 ? 40 : 400;
+        CK(cudaMemset(dout, 0xff, nout*4));
+        launcher(s);
+        CK(cudaGetLastError()); CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(got.data(), dout, nout*4, cudaMemcpyDeviceToHost));
+        float err = 0.0f;
+        for (size_t i = 0; i < nout; ++i) err = fmaxf(err, std::isfinite(got[i]) ? fabsf(got[i] - ref[i]) : INFINITY);
+        cudaGraph_t g; cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int w = 0; w < reps; ++w) launcher(s);
+        CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));
+        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s));
+        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
+        CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+        float ms = 0.0f; CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = 1000.0*ms/reps;
+        fprintf(out, "q6_K  dense  %6d %5d %2d  %-46s %8.2f us %7.0f GB/s  relerr %.1e  %s\n", nrows, k, ncols, name, us,
+                double(hx.size())/us/1e3, err/rmax, err/rmax < 1e-4f ? "ok" : "FAIL");
+        fflush(out);
+    };
+#define RUN_COLS(NC, NW, RPW) {                                                                                   \
+        char name[64];                                                                                            \
+        snprintf(name, sizeof(name), "q6k-cols warps=%d rpw=%d", NW, RPW);                                        \
+        measure(name, [&](cudaStream_t st) {                                                                      \
+            mul_mat_vec_q6k_cols<NC, NW, RPW><<<(nrows + NW*RPW - 1)/(NW*RPW), dim3(WARP_SIZE, NW), smem, st>>>(  \
+                dx, dy, dout, k, nrows, bpr, k/QK8_1, nrows);                                                     \
+        }); }
+#define RUN_COLS_ALL(NC) { RUN_COLS(NC, 8, 1) RUN_COLS(NC, 8, 4) RUN_COLS(NC, 4, 4) RUN_COLS(NC, 8, 8) }
+    switch (ncols) {
+        case 2: RUN_COLS_ALL(2) break;
+        case 4: RUN_COLS_ALL(4) break;
+        default: RUN_COLS_ALL(8) break;
+    }
+#undef RUN_COLS_ALL
+#undef RUN_COLS
+    CK(cudaFree(dx)); CK(cudaFree(dy)); CK(cudaFree(dref)); CK(cudaFree(dout));
+    CK(cudaStreamDestroy(s));
+}
+
 int main() {
     std::mt19937 rng(28);
     cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, 0));
@@ -271,6 +354,13 @@ int main() {
         run<GGML_TYPE_Q4_K, false>(dn, rng, stdout);
         run<GGML_TYPE_Q6_K, false>(dn, rng, stdout);  // q4_k_m's down where llama-quantize gives it more bits
         run<GGML_TYPE_Q8_0, false>(dn, rng, stdout);
+    }
+    // dense Q6_K at 2-8 columns: the model's 8192 x 2048 and 2048 x 4096 projections and its 248,320-row head (the
+    // pinned kernel's times at these shapes: docs/mmvq-mmq-h200.txt, test-backend-ops perf)
+    for (int ncols : {2, 4, 8}) {
+        run_dense_q6k(8192, 2048, ncols, rng, stdout);
+        run_dense_q6k(2048, 4096, ncols, rng, stdout);
+        run_dense_q6k(248320, 2048, ncols, rng, stdout);
     }
     return 0;
 }

@@ -1,8 +1,8 @@
-"""The integer work of one row of the row-per-warp MoE kernels (ggml-cuda/mmvq-moe-rowwarp.cuh of candidate 0017),
-lane by lane, in Python, against gguf-py's own Q3_K / Q4_K dequantization: checks the lane -> (super-block, quarter)
-mapping, the activation indices, the sub-block scale (and Q4_K min) decoding and the Q3_K minus-4 taken from the
-activations' byte sum, before the kernel meets a GPU (the CUDA code itself is checked by harness.cu and
-test-backend-ops on the device).
+"""The integer work of one row of the row-per-warp kernels (ggml-cuda/mmvq-moe-rowwarp.cuh of candidate 0017, Q3_K
+and Q4_K; ggml-cuda/mmvq-cols.cuh of candidate 0020, Q6_K), lane by lane, in Python, against gguf-py's own
+dequantization: checks the lane -> (super-block, quarter) mapping, the activation indices, the sub-block scale (and
+Q4_K min) decoding and the Q3_K minus-4 taken from the activations' byte sum, before the kernels meet a GPU (the
+CUDA code itself is checked by harness.cu and test-backend-ops on the device).
 
     .venv/bin/python benchmarks/gpu/moe_kernel/rowwarp_math.py          # relerr ~0 for every row length
     .venv/bin/python benchmarks/gpu/moe_kernel/rowwarp_math.py --break  # a wrong shift / min formula: it fails
@@ -100,6 +100,38 @@ def q4k_row(blocks: bytes, qb: bytes, d8: np.ndarray, broken: bool) -> float:
     return total
 
 
+def vsub4(a: int, b: int) -> int:  # per-byte a - b, as __vsub4 (wrapping)
+    bytes_a = struct.unpack("<4B", struct.pack("<i", a))
+    bytes_b = struct.unpack("<4B", struct.pack("<i", b))
+    return struct.unpack("<i", bytes((x - y) & 0xFF for x, y in zip(bytes_a, bytes_b)))[0]
+
+
+def q6k_row(blocks: bytes, qb: bytes, d8: np.ndarray, broken: bool) -> float:
+    total = 0.0
+    for lane in range(32):  # lane = 4*b + 2*n + h; super-blocks b, b + 8, ... (a pass is 8 of them)
+        b0, n, h = lane >> 2, (lane >> 1) & 1, lane & 1
+        for kb in range(b0, len(blocks) // 210, 8):
+            base = 210 * kb
+            ql0 = [i32(blocks, base + 64 * n + 16 * h + 4 * i) for i in range(4)]
+            ql1 = [i32(blocks, base + 64 * n + 32 + 16 * h + 4 * i) for i in range(4)]
+            qh = [i32(blocks, base + 128 + 32 * n + 16 * h + 4 * i) for i in range(4)]
+            sc2 = [i32(blocks, base + 192 + 8 * n + 4 * i) for i in range(2)]
+            d = struct.unpack_from("<e", blocks, base + 208)[0]
+            s = 0.0
+            for g in range(4):
+                k = 2 * g + h
+                sc = struct.unpack("<b", bytes([(sc2[k >> 2] >> (8 * (k & 3))) & 0xFF]))[0]
+                ib = 8 * kb + 4 * n + g
+                sumi = 0
+                for i in range(4):
+                    vl = ((ql1[i] if g & 1 else ql0[i]) >> (4 * (g >> 1))) & 0x0F0F0F0F
+                    vh = ((qh[i] >> (2 * (g if not broken else g >> 1))) & 0x03030303) << 4
+                    sumi = dp4a(vsub4(vl | vh, 0x20202020), i32(qb, 32 * ib + 16 * h + 4 * i), sumi)
+                s += float(d8[ib]) * float(sumi * sc)
+            total += d * s
+    return total
+
+
 def main(argv: list[str]) -> int:
     broken = "--break" in argv
     rng = np.random.default_rng(28)
@@ -108,11 +140,13 @@ def main(argv: list[str]) -> int:
         ("q3_K", GGMLQuantizationType.Q3_K, 110, 2048, q3k_row),
         ("q4_K", GGMLQuantizationType.Q4_K, 144, 2048, q4k_row),
         ("q4_K", GGMLQuantizationType.Q4_K, 144, 512, q4k_row),
+        ("q6_K", GGMLQuantizationType.Q6_K, 210, 2048, q6k_row),
+        ("q6_K", GGMLQuantizationType.Q6_K, 210, 4096, q6k_row),
     ):
         nb = k // 256
         blocks = bytearray(rng.integers(0, 256, size * nb, dtype=np.uint8).tobytes())
         for b in range(nb):  # finite, small super-block scales (random bytes there can be inf/nan halves)
-            for off in ((108,) if size == 110 else (0, 2)):
+            for off in {110: (108,), 144: (0, 2), 210: (208,)}[size]:
                 struct.pack_into("<e", blocks, size * b + off, float(rng.uniform(0.002, 0.02)))
         w = dequantize(np.frombuffer(bytes(blocks), dtype=np.uint8), qtype).reshape(-1)
         qb, d8 = q8_1(rng.normal(size=k).astype(np.float32))
