@@ -17,6 +17,7 @@
 #include <random>
 #include <algorithm>
 #include <string>
+#include <utility>
 #include "mmvq.cuh"
 #include "mmvq-moe-shaped.cuh"
 #include "mmvq-moe-rowwarp.cuh"
@@ -86,6 +87,34 @@ __global__ void reference(const mmvq_moe_args a, float * out) {
     }
     if (fused) s *= g/(1.0f + expf(-g));  // SWIGLU
     out[slot*a.stride_channel_dst + token*a.stride_col_dst + row] = s;
+}
+
+// one kernel: its output against the reference (max absolute error, inf for a non-finite output), then reps
+// launches timed as one CUDA graph (no gaps from the host: run.sh may share the machine with a build); microseconds
+// a launch
+template <typename L>
+static std::pair<double, float> time_and_check(L && launcher, cudaStream_t s, float * dout, const std::vector<float> & ref,
+                                               const int reps) {
+    const size_t nout = ref.size();
+    std::vector<float> got(nout);
+    CK(cudaMemset(dout, 0xff, nout*4));
+    launcher(s);
+    CK(cudaGetLastError()); CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(got.data(), dout, nout*4, cudaMemcpyDeviceToHost));
+    float err = 0.0f;
+    for (size_t i = 0; i < nout; ++i) err = fmaxf(err, std::isfinite(got[i]) ? fabsf(got[i] - ref[i]) : INFINITY);
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    cudaGraph_t g; cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int w = 0; w < reps; ++w) launcher(s);
+    CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));
+    CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
+    CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+    float ms = 0.0f; CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    return {1000.0*ms/reps, err};
 }
 
 struct variant { int rpb, ksplit, minb, unroll; bool pref; };
@@ -172,34 +201,15 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
     mmvq_moe_args ar = a; ar.dst = dref;
     reference<type, fused><<<dim3((p.nrows + 127)/128, N_USED, p.ntok), 128>>>(ar, dref);
     CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-    std::vector<float> ref(nout), got(nout);
+    std::vector<float> ref(nout);
     CK(cudaMemcpy(ref.data(), dref, nout*4, cudaMemcpyDeviceToHost));
     float rmax = 0.0f;
     for (float v : ref) rmax = fmaxf(rmax, fabsf(v));
 
     const double bytes = double(distinct)*p.nrows*bpr*sizeof(B)*(fused ? 2 : 1);
     cudaStream_t s; CK(cudaStreamCreate(&s));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    // one kernel: its output against the reference, then 400 launches timed as one CUDA graph (no gaps from the
-    // host: run.sh may share the machine with a build)
     auto measure = [&](const std::string & name, auto && launcher) {
-        const int reps = 400;
-        CK(cudaMemset(dout, 0xff, nout*4));
-        launcher(s);
-        CK(cudaGetLastError()); CK(cudaStreamSynchronize(s));
-        CK(cudaMemcpy(got.data(), dout, nout*4, cudaMemcpyDeviceToHost));
-        float err = 0.0f;
-        for (size_t i = 0; i < nout; ++i) err = fmaxf(err, std::isfinite(got[i]) ? fabsf(got[i] - ref[i]) : INFINITY);
-        cudaGraph_t g; cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int w = 0; w < reps; ++w) launcher(s);
-        CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));
-        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
-        CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
-        float ms = 0.0f; CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = 1000.0*ms/reps;
+        const auto [us, err] = time_and_check(launcher, s, dout, ref, 400);
         fprintf(out, "%-5s %-8s %5d %5d %2d  %-46s %8.2f us %7.0f GB/s  relerr %.1e  %s\n", htype<type>::name,
                 p.shape.c_str(), p.nrows, p.k, p.ntok, name.c_str(), us, bytes/us/1e3, err/rmax,
                 err/rmax < 1e-4f ? "ok" : "FAIL");
@@ -291,31 +301,14 @@ static void run_dense_q6k(const int nrows, const int k, const int ncols, std::mt
     CK(cudaMalloc(&dref, nout*4)); CK(cudaMalloc(&dout, nout*4));
     reference_dense_q6k<<<dim3((nrows + 127)/128, ncols), 128>>>(dx, dy, dref, k, nrows, ncols);
     CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-    std::vector<float> ref(nout), got(nout);
+    std::vector<float> ref(nout);
     CK(cudaMemcpy(ref.data(), dref, nout*4, cudaMemcpyDeviceToHost));
     float rmax = 0.0f;
     for (float v : ref) rmax = fmaxf(rmax, fabsf(v));
     cudaStream_t s; CK(cudaStreamCreate(&s));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     const size_t smem = mmvq_cols_smem(8, k);
     auto measure = [&](const char * name, auto && launcher) {
-        const int reps = nrows > 100000 ? 40 : 400;
-        CK(cudaMemset(dout, 0xff, nout*4));
-        launcher(s);
-        CK(cudaGetLastError()); CK(cudaStreamSynchronize(s));
-        CK(cudaMemcpy(got.data(), dout, nout*4, cudaMemcpyDeviceToHost));
-        float err = 0.0f;
-        for (size_t i = 0; i < nout; ++i) err = fmaxf(err, std::isfinite(got[i]) ? fabsf(got[i] - ref[i]) : INFINITY);
-        cudaGraph_t g; cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int w = 0; w < reps; ++w) launcher(s);
-        CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));
-        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
-        CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
-        float ms = 0.0f; CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = 1000.0*ms/reps;
+        const auto [us, err] = time_and_check(launcher, s, dout, ref, nrows > 100000 ? 40 : 400);
         fprintf(out, "q6_K  dense  %6d %5d %2d  %-46s %8.2f us %7.0f GB/s  relerr %.1e  %s\n", nrows, k, ncols, name, us,
                 double(hx.size())/us/1e3, err/rmax, err/rmax < 1e-4f ? "ok" : "FAIL");
         fflush(out);
