@@ -75,6 +75,24 @@ def test_steady_decode_counts_only_the_window_where_every_stream_decodes():
 
 
 @pytest.mark.slow
+def test_level_row_is_the_median_run():
+    runs = [{"aggregate_decode_tok_s": a, "steady_decode_tok_s": a + 1, "ttft_p50_s": a / 100, "streams": 2}
+            for a in (300.0, 100.0, 200.0)]
+    row = cc.level_row(runs)
+    assert row["run"] == 2 and row["aggregate_decode_tok_s"] == 200.0 and row["steady_decode_tok_s"] == 201.0
+    assert [r["aggregate_decode_tok_s"] for r in row["runs"]] == [300.0, 100.0, 200.0]  # in the order they ran
+    assert cc.level_row(runs[:2])["run"] == 1  # an even count: the lower median
+    assert cc.level_row(runs[:1]) == {**runs[0], "run": 0, "runs": [{k: runs[0][k] for k in row["runs"][0]}]}
+
+
+def test_drafted_text_is_compared_with_the_same_repeat():
+    mk = lambda mode, run, text: cc.Stream(mode, 2, 0, 0.0, 0.1, 0.2, 3, 8, text, run=run)  # noqa: E731
+    assert cc.compare_modes([mk("target", 0, "a"), mk("target", 1, "b"), mk("draft", 0, "a"), mk("draft", 1, "b")]) \
+        == {"2": True}
+    assert cc.compare_modes([mk("target", 0, "a"), mk("target", 1, "b"), mk("draft", 0, "b"), mk("draft", 1, "b")]) \
+        == {"2": False}
+
+
 def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
     model = converted(make_ckpt, tmp_path_factory, with_draft=True)
     dest = tmp_path / "b"
@@ -83,7 +101,7 @@ def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
     # at 64 one ended at 106 ms before the last started at 133 ms (CI with the suite's workers beside it)
     n = 192
     res = CliRunner().invoke(cli, ["bench", str(model), "--concurrency", "1,2,4", "--draft", "--prompt-lengths", "48",
-                                   "-n", str(n), "--threads", str(THREADS), "-o", str(dest)])
+                                   "-n", str(n), "--repeats", "2", "--threads", str(THREADS), "-o", str(dest)])
     assert res.exit_code == 0, res.output
     result = json.loads((dest / "concurrency.json").read_text())
     assert (dest / "concurrency.png").stat().st_size > 0
@@ -95,8 +113,15 @@ def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
             "--spec-type" in shlex.split(result["commands"]["target"])) == (True, False)
     rows = {(r["mode"], r["streams"]): r for r in result["rows"]}
     assert set(rows) == {(m, k) for m in ("target", "draft") for k in (1, 2, 4)}
+    assert result["repeats"] == 2 and "Each level ran 2 times" in (dest / "concurrency.md").read_text()
     for (mode, level), row in rows.items():
-        streams = [s for s in result["streams"] if s["mode"] == mode and s["level"] == level]
+        # two runs of the level (the warm-up request is not one of them); the row is the one with the lower median
+        # aggregate of the two, and every figure below is recomputed from that run's streams
+        both = [s for s in result["streams"] if s["mode"] == mode and s["level"] == level]
+        assert sorted((s["run"], s["index"]) for s in both) == [(r, i) for r in (0, 1) for i in range(level)]
+        assert [r["aggregate_decode_tok_s"] for r in row["runs"]][row["run"]] == row["aggregate_decode_tok_s"]
+        assert row["aggregate_decode_tok_s"] == min(r["aggregate_decode_tok_s"] for r in row["runs"])
+        streams = [s for s in both if s["run"] == row["run"]]
         assert sorted(s["index"] for s in streams) == list(range(level))
         assert all(s["completion_tokens"] == n and s["prompt_tokens"] >= 48 for s in streams)
         rates = [(s["completion_tokens"] - 1) / (s["end_s"] - s["first_s"]) for s in streams]
@@ -124,6 +149,8 @@ def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
 
 
 def test_concurrency_refuses_options_it_does_not_take(tmp_path):
+    res = CliRunner().invoke(cli, ["bench", str(tmp_path), "--concurrency", "1,2", "--draft-n-max", "2,4"])
+    assert res.exit_code == 2 and "--draft-n-max does not go with --concurrency" in res.output
     res = CliRunner().invoke(cli, ["bench", str(tmp_path), "--concurrency", "1,2", "--prompt-lengths", "1k,2k"])
     assert res.exit_code == 2 and "one --prompt-lengths value" in res.output
     res = CliRunner().invoke(cli, ["bench", str(tmp_path), "--concurrency", "0"])

@@ -11,7 +11,7 @@
 #   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
 #   timing       the decode step alone, no server and no sampling: llama-batched-bench at 1, 2, 4, 8, 16 sequences
 #                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
-#   bench        `ggufbridge bench --concurrency 1,2,4,8` on that file, target only, the h200 recipe as shipped
+#   bench        `ggufbridge bench --concurrency 1,2,4,8 --repeats 3` on that file, target only, the h200 recipe as shipped
 #                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the table: one
 #                llama-server with -np 8 (the planner's slots: a unified pool, each slot capped at its context),
 #                1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
@@ -76,10 +76,10 @@ timing)
   timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
     --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-h200.json 2>&1 | tail -20 ;;
 bench)
-  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
+  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency 2>&1 | tail -20 ;;
 bench-host)
-  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 \
+  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-host 2>&1 | tail -20 ;;
 bench-draft)
   timeout 300 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
@@ -122,7 +122,7 @@ eval)
     tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
   } | tee $O/eval.txt ;;
 bench-off)
-  env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
+  env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
 cand-timing)
   # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the candidates off, all on,

@@ -29,7 +29,9 @@ from ggufbridge.cli import _options as opt
                    "synthetic ones of --prompt-lengths.")
 @opt.recipe()
 @opt.n_predict(default=128, help="Tokens generated per request (EOS ignored).")
-@click.option("--repeats", type=click.IntRange(1, opt.INT32_MAX), default=1, show_default=True)
+@click.option("--repeats", type=click.IntRange(1, opt.INT32_MAX), default=1, show_default=True,
+              help="Runs of each prompt length, or of each level with --concurrency (each level's row is then its run "
+                   "with the median aggregate decode tok/s; every run is kept in concurrency.json).")
 @opt.threads()
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default=None,
               help="Where to write bench.json / .md / .png, or concurrency.json / .md / .png with --concurrency "
@@ -52,7 +54,7 @@ def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file
         if sweep and not draft:
             raise click.UsageError("--draft-n-max needs --draft")
     else:
-        for flag, given in (("--prompts", prompts_file), ("--draft-n-max", draft_n_max), ("--repeats", repeats != 1)):
+        for flag, given in (("--prompts", prompts_file), ("--draft-n-max", draft_n_max)):
             if given:
                 raise click.UsageError(f"{flag} does not go with --concurrency")
         levels = cc.parse_levels(concurrency)
@@ -69,7 +71,7 @@ def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file
     else:
         with click.progressbar(length=len(levels) * (2 if draft else 1), label="concurrency levels",
                                file=sys.stderr) as bar:
-            lib, result = cc, cc.bench_concurrency(model, levels=levels, prompt_tokens=lengths[0],
+            lib, result = cc, cc.bench_concurrency(model, levels=levels, prompt_tokens=lengths[0], repeats=repeats,
                                                    on_level=lambda mode, level: bar.update(1), **common)
     paths = lib.write_outputs(result, dest)
     click.echo(lib.markdown(result))

@@ -75,6 +75,7 @@ class Stream:
     server: dict = field(default_factory=dict, repr=False)  # the server's timings for this stream
     # (arrival as start_s, tokens generated so far) of each streamed chunk
     progress: list[tuple[float, int]] = field(default_factory=list, repr=False)
+    run: int = 0         # which of the level's repeats (--repeats) it ran in
 
     @property
     def ttft_s(self) -> float:
@@ -174,33 +175,51 @@ def summarize_level(streams: list[Stream], wall: float) -> dict:
     }
 
 
+def level_row(runs: list[dict]) -> dict:
+    """One level's row from its repeats' summaries (summarize_level): the run with the median aggregate decode tok/s
+    (the lower median for an even count), so that every figure of the row, per-stream rates included, comes from one
+    run; each run's aggregate, steady and TTFT p50 beside it, in the order they ran."""
+    ranked = sorted(range(len(runs)), key=lambda k: runs[k]["aggregate_decode_tok_s"])
+    pick = ranked[(len(runs) - 1) // 2]
+    keep = ("aggregate_decode_tok_s", "steady_decode_tok_s", "ttft_p50_s")
+    return {**runs[pick], "run": pick, "runs": [{k: r[k] for k in keep} for r in runs]}
+
+
 def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: dict, levels: list[int],
-             prompt_tokens: int, n_predict: int, timeout: float,
+             prompt_tokens: int, n_predict: int, timeout: float, repeats: int = 1,
              on_level: Callable[[str, int], None] | None = None) -> tuple[list[dict], list[Stream]]:
-    """All levels through one server started from `argv` (its -np at least max(levels))."""
+    """All levels through one server started from `argv` (its -np at least max(levels)), each `repeats` times."""
     rows, streams = [], []
     with sv.Server(argv, host, port, log, env=env) as srv:
         srv.wait_ready(timeout)
         url = srv.url
-        prompts = [prompt_text(url, prompt_tokens, i) for i in range(max(levels))]
-        sv.chat_stream(url, prompts[0][:64], 4, time.perf_counter())  # warm-up: first-call allocations
+        prompts = [prompt_text(url, prompt_tokens, i) for i in range(max(levels) + 1)]
+        # warm-up with a prompt of the levels' length that no level uses: first-call allocations, the prefill's
+        # batch shapes and the first decode steps happen here, not in the one-stream row every ratio is taken to
+        sv.chat_stream(url, prompts.pop(), 8, time.perf_counter())
         for level in levels:
-            got, wall = run_level(url, mode, level, prompts[:level], n_predict)
-            streams += got
-            rows.append({"mode": mode, **summarize_level(got, wall)})
+            runs = []
+            for r in range(repeats):
+                got, wall = run_level(url, mode, level, prompts[:level], n_predict)
+                for st in got:
+                    st.run = r
+                streams += got
+                runs.append(summarize_level(got, wall))
+            rows.append({"mode": mode, **level_row(runs)})
             if on_level is not None:
                 on_level(mode, level)
     return rows, streams
 
 
 def compare_modes(streams: list[Stream]) -> dict:
-    """Per level: whether every drafted stream's greedy text equals the target-only stream with the same prompt."""
-    target = {(s.level, s.index): s.text for s in streams if s.mode == "target"}
+    """Per level: whether every drafted stream's greedy text equals the target-only stream with the same prompt (and
+    the same repeat)."""
+    target = {(s.level, s.run, s.index): s.text for s in streams if s.mode == "target"}
     out = {}
     for s in streams:
-        if s.mode == "draft" and (s.level, s.index) in target:
+        if s.mode == "draft" and (s.level, s.run, s.index) in target:
             out.setdefault(s.level, True)
-            out[s.level] &= s.text == target[(s.level, s.index)]
+            out[s.level] &= s.text == target[(s.level, s.run, s.index)]
     return {str(k): v for k, v in sorted(out.items())}
 
 
@@ -229,6 +248,9 @@ def markdown(result: dict) -> str:
                          f"{ratio_text(r['aggregate_decode_tok_s'], one.get('aggregate_decode_tok_s'))} | "
                          f"{num(steady)} | {ratio_text(steady, one.get('steady_decode_tok_s'))} | "
                          f"{r['ttft_p50_s']:.3f} | {r['ttft_p95_s']:.3f} | {r['output_tok_s']:.1f} |")
+    if result.get("repeats", 1) > 1:
+        lines += ["", f"Each level ran {result['repeats']} times; each row is the run with the median aggregate decode "
+                  "tok/s (every run's aggregate, steady and TTFT p50: `runs` in concurrency.json)."]
     if result.get("greedy_identical"):
         same = ", ".join(f"{k} streams: {'yes' if v else 'NO'}" for k, v in result["greedy_identical"].items())
         lines += ["", f"Drafted greedy text equals target-only text per stream: {same}."]
@@ -278,12 +300,13 @@ def slot_context(prompt_tokens: int, n_predict: int) -> int:
 
 
 def bench_concurrency(out_dir: str | Path, *, levels: list[int], prompt_tokens: int = 1024, n_predict: int = 128,
-                      draft: bool = False, recipe: str = "cpu", threads: int | None = None,
+                      repeats: int = 1, draft: bool = False, recipe: str = "cpu", threads: int | None = None,
                       log_dir: str | Path | None = None, llama_bin: str | None = None, timeout: float = 900.0,
                       on_command: Callable[[str, str], None] | None = None,
                       on_level: Callable[[str, int], None] | None = None) -> dict:
     """Every level of `levels`, target-only and (with `draft`) drafted, one llama-server per mode planned with
-    max(levels) slots of slot_context() tokens. Returns the result that `write_outputs` writes
+    max(levels) slots of slot_context() tokens, each level `repeats` times (its row: the median run, level_row).
+    Returns the result that `write_outputs` writes
     (concurrency.json); server logs go to `log_dir` (default OUT_DIR/bench). `on_command(mode, command)` hears
     each server's command line before it starts, `on_level(mode, level)` each level once measured."""
     from ggufbridge.errors import RuntimeNotFound
@@ -292,6 +315,8 @@ def bench_concurrency(out_dir: str | Path, *, levels: list[int], prompt_tokens: 
     levels = sorted(set(levels))
     if not levels or levels[0] < 1:
         raise GGUFBridgeError(f"--concurrency: expected levels of at least 1, found {levels}")
+    if repeats < 1:
+        raise GGUFBridgeError(f"--repeats: expected at least 1, found {repeats}")
     s = prepare(out_dir, recipe, draft=draft, ctx=slot_context(prompt_tokens, n_predict), llama_bin=llama_bin,
                 rpc_workers=0, parallel=max(levels))
     if s.problems:
@@ -308,12 +333,12 @@ def bench_concurrency(out_dir: str | Path, *, levels: list[int], prompt_tokens: 
         if on_command is not None:
             on_command(mode, commands[mode])
         got_rows, got = run_mode(mode, argv, host, port, dest / f"llama-server-concurrency-{mode}.log", s.rt.env(),
-                                 levels, prompt_tokens, n_predict, timeout, on_level=on_level)
+                                 levels, prompt_tokens, n_predict, timeout, repeats=repeats, on_level=on_level)
         rows += got_rows
         streams += got
     return {
         "model": s.art.target.path.name, "recipe": s.recipe.name, "slots": s.plan.slots, "ctx": s.plan.ctx,
-        "prompt_tokens": prompt_tokens, "n_predict": n_predict, "levels": levels,
+        "prompt_tokens": prompt_tokens, "n_predict": n_predict, "levels": levels, "repeats": repeats,
         "runtime": {"bin": str(s.rt.bin_dir), "commit": s.rt.commit, "version": s.rt.version},
         "commands": commands, "rows": rows, "greedy_identical": compare_modes(streams),
         "streams": stream_dicts(streams),
