@@ -141,7 +141,7 @@ cand-perf)
   { # the MoE mat-vec at the model's expert shapes: stock (0) and the shaped kernel (1)
     for shape in 0 1; do
       echo "# GGML_CUDA_MOE_SHAPED=$shape"
-      GGML_CUDA_MOE_SHAPED=$shape tbo 100 perf -o MUL_MAT_ID -b CUDA0 -p "n_mats=256,n_used=8,.*n=(2|4|8)," | grep "us/run"
+      GGML_CUDA_MOE_SHAPED=$shape tbo 60 perf -o MUL_MAT_ID -b CUDA0 -p "n_mats=256,n_used=8,.*n=(2|4|8)," | grep "us/run"
     done
     # the dense matrices (8192 rows and the head) and the thin F32 ones: all off, the multi-column Q6_K and thin F32
     # kernels, and those with the crossover row (which sends the large ones to MMQ from some column count)
@@ -150,7 +150,7 @@ cand-perf)
              "GGML_CUDA_MMVQ_HOPPER=1 GGML_CUDA_MMVF_THIN_F32=1 GGML_CUDA_MMVQ_COLS=1"; do
       echo "# $v"
       # (the types of the model's files only: every type at the head's 248,320 rows outlasted a 7-minute call)
-      env $v timeout 150 "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
+      env $v timeout 90 "$RUNTIME_BIN/test-backend-ops" perf -o MUL_MAT -b CUDA0 \
         -p "type_a=(f32|q3_K|q4_K|q6_K|q8_0),.*(m=8192|m=248320|m=256|m=1),n=(4|6|8),k=2048," 2>&1 \
         | sed -e 's/\x1b\[[0-9;]*m//g' | grep "us/run"
     done
