@@ -235,31 +235,34 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
     // the row-per-warp kernels (mmvq-moe-rowwarp.cuh): RPW rows a warp, NW warps a block; Q3_K for K = 2048
     if constexpr (type == GGML_TYPE_Q3_K) {
         if (p.k % 2048 == 0 && p.k / 2048 == 1) {
-#define RUN_ROWWARP(R, W) {                                                                                       \
+#define RUN_ROWWARP(R, W, I) {                                                                                    \
             char name[64];                                                                                        \
-            snprintf(name, sizeof(name), "q3k-rowwarp rpw=%d warps=%d", R, W);                                    \
+            snprintf(name, sizeof(name), "q3k-rowwarp rpw=%d warps=%d rpi=%d", R, W, I);                          \
             measure(name, [&](cudaStream_t st) {                                                                  \
-                mul_mat_vec_q3k_moe_rowwarp<R, W, 1, fused>                                                       \
+                mul_mat_vec_q3k_moe_rowwarp<R, W, 1, fused, I>                                                    \
                     <<<q3k_rowwarp_grid<R, W>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a);   \
             }); }
-            RUN_ROWWARP(1, 4) RUN_ROWWARP(2, 4) RUN_ROWWARP(4, 4) RUN_ROWWARP(8, 4) RUN_ROWWARP(4, 8)
-            RUN_ROWWARP(16, 2)
+            RUN_ROWWARP(1, 4, 1) RUN_ROWWARP(2, 4, 1) RUN_ROWWARP(4, 4, 1) RUN_ROWWARP(8, 4, 1) RUN_ROWWARP(4, 8, 1)
+            RUN_ROWWARP(16, 2, 1) RUN_ROWWARP(2, 4, 2) RUN_ROWWARP(4, 4, 2) RUN_ROWWARP(8, 4, 2) RUN_ROWWARP(4, 4, 4)
+            RUN_ROWWARP(8, 4, 4)
 #undef RUN_ROWWARP
         }
     }
     // the Q4_K row-per-warp kernel: K = 2048 (gate/up) 8 super-blocks a pass, K = 512 (down) 2, 4 rows at once
     if constexpr (type == GGML_TYPE_Q4_K) {
-#define RUN_ROWWARP4(R, W, BPP) {                                                                                 \
+#define RUN_ROWWARP4(R, W, BPP, I) {                                                                              \
             char name[64];                                                                                        \
-            snprintf(name, sizeof(name), "q4k-rowwarp rpw=%d warps=%d bpp=%d", R, W, BPP);                        \
+            snprintf(name, sizeof(name), "q4k-rowwarp rpw=%d warps=%d bpp=%d rpi=%d", R, W, BPP, I);              \
             measure(name, [&](cudaStream_t st) {                                                                  \
-                mul_mat_vec_q4k_moe_rowwarp<R, W, BPP, 1, fused>                                                  \
+                mul_mat_vec_q4k_moe_rowwarp<R, W, BPP, 1, fused, I>                                               \
                     <<<q4k_rowwarp_grid<R, W, BPP>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a); \
             }); }
         if (p.k == 2048) {
-            RUN_ROWWARP4(1, 4, 8) RUN_ROWWARP4(2, 4, 8) RUN_ROWWARP4(4, 4, 8) RUN_ROWWARP4(8, 4, 8)
+            RUN_ROWWARP4(1, 4, 8, 1) RUN_ROWWARP4(2, 4, 8, 1) RUN_ROWWARP4(4, 4, 8, 1) RUN_ROWWARP4(8, 4, 8, 1)
+            RUN_ROWWARP4(4, 4, 8, 2) RUN_ROWWARP4(4, 4, 8, 4)
         } else if (p.k == 512) {
-            RUN_ROWWARP4(1, 4, 2) RUN_ROWWARP4(2, 4, 2) RUN_ROWWARP4(4, 4, 2) RUN_ROWWARP4(8, 2, 2)
+            RUN_ROWWARP4(1, 4, 2, 1) RUN_ROWWARP4(2, 4, 2, 1) RUN_ROWWARP4(4, 4, 2, 1) RUN_ROWWARP4(8, 2, 2, 1)
+            RUN_ROWWARP4(2, 4, 2, 2) RUN_ROWWARP4(4, 4, 2, 2)
         }
 #undef RUN_ROWWARP4
     }
