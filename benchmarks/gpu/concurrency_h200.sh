@@ -17,6 +17,8 @@
 #                1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
 #   bench-host   the same with each slot's sampler chain on the server thread between decodes
 #                (backend_sampling = false: the runtime's default, the issue's before-table); $OUT/concurrency-host/*
+#   bench-b512   `bench` with server.batch = 512 (prefill in one-ubatch chunks: a stream already decoding waits for
+#                one 512-token step per chunk of another stream's prompt instead of 2048); $OUT/concurrency-b512/*
 #   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
 #   where        the step at 1, 2, 4, 8, 16 sequences taken apart, no server (decode_step.cpp): time in llama_decode
@@ -56,6 +58,10 @@ mountpoint -q $S || mount -t tmpfs -o size=60G tmpfs $S || echo "no tmpfs at $S"
 printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\n' > $R/h200-q8kv.toml
 printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
   > $R/h200-q8kv-host.toml
+# the same with prefill in chunks of one ubatch: a decoding stream waits one 512-token step, not four, for each
+# prefill step of another stream's prompt (server.batch 2048 -> 512)
+printf 'base = "h200"\nname = "h200-q8kv-b512"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 512\n' \
+  > $R/h200-q8kv-b512.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
 CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVQ_COLS=0"
 # (MOE_SHAPED=0 turns the row-per-warp MoE kernels off too)
@@ -81,6 +87,9 @@ bench)
 bench-host)
   timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-host 2>&1 | tail -20 ;;
+bench-b512)
+  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-b512.toml --concurrency 1,2,4,8 --repeats 3 \
+    --prompt-lengths 1k -n 128 -o $O/concurrency-b512 2>&1 | tail -20 ;;
 bench-draft)
   timeout 300 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
     --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
@@ -159,7 +168,7 @@ profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
 *) echo "streams: unknown step $step (all build build-target timing where kernels
-   bench bench-host bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-off cand-timing cand-perf)" >&2
+   bench bench-host bench-b512 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-off cand-timing cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
 t done
