@@ -62,10 +62,9 @@ def q3k_row(blocks: bytes, qb: bytes, d8: np.ndarray, broken: bool) -> float:
                 vh = ((hm[i] >> (4 * n + j)) & 0x01010101) << 2
                 sumi = dp4a(vl | vh, u[i], sumi)
             sumi -= 4 * su
-            kl = 2 * j + h
-            lo = (sc[kl >> 2] >> (8 * (kl & 3) + 4 * n)) & 0xF
-            kh = 8 + (kl & 3)
-            hi = (sc[kh >> 2] >> (8 * (kh & 3) + 2 * (2 * n + (j if broken else j >> 1)))) & 3
+            byte = 2 * (j & 1) + h
+            lo = (sc[j >> 1] >> (8 * byte + 4 * n)) & 0xF
+            hi = (sc[2] >> (8 * byte + 2 * (2 * n + (j if broken else j >> 1)))) & 3
             s += float(d8[yb]) * float(sumi * ((lo | (hi << 4)) - 32))
         total += d * s
     return total
@@ -119,8 +118,7 @@ def q6k_row(blocks: bytes, qb: bytes, d8: np.ndarray, broken: bool) -> float:
             d = struct.unpack_from("<e", blocks, base + 208)[0]
             s = 0.0
             for g in range(4):
-                k = 2 * g + h
-                sc = struct.unpack("<b", bytes([(sc2[k >> 2] >> (8 * (k & 3))) & 0xFF]))[0]
+                sc = struct.unpack("<b", bytes([(sc2[g >> 1] >> (8 * (2 * (g & 1) + h))) & 0xFF]))[0]
                 ib = 8 * kb + 4 * n + g
                 sumi = 0
                 for i in range(4):
