@@ -270,27 +270,30 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
     CK(cudaStreamDestroy(s));
 }
 
-// the dense multi-column Q6_K mat-vec (mmvq-cols.cuh, candidate 0020) against upstream's vec_dot summed per (row,
+// the dense multi-column mat-vec (mmvq-cols.cuh, candidate 0020) against upstream's vec_dot summed per (row,
 // column): one thread per (row, column), every block, every quant index
-__global__ void reference_dense_q6k(const void * x, const block_q8_1 * y, float * out, int k, int nrows, int ncols) {
-    constexpr int qi = ggml_cuda_type_traits<GGML_TYPE_Q6_K>::qi;
+template <ggml_type type>
+__global__ void reference_dense(const void * x, const block_q8_1 * y, float * out, int k, int nrows, int ncols) {
+    constexpr int qk = ggml_cuda_type_traits<type>::qk, qi = ggml_cuda_type_traits<type>::qi;
+    constexpr int vdr = mmvq_moe_vec_dot<type>::vdr;
     const int row = blockIdx.x*blockDim.x + threadIdx.x, col = blockIdx.y;
     if (row >= nrows || col >= ncols) return;
-    const int bpr = k/QK_K;
+    const int bpr = k/qk;
     float s = 0.0f;
     for (int kbx = 0; kbx < bpr; ++kbx) {
-        for (int iqs = 0; iqs < qi; iqs += VDR_Q6_K_Q8_1_MMVQ) {
-            s += vec_dot_q6_K_q8_1(x, &y[col*(k/QK8_1) + kbx*(QK_K/QK8_1)], row*bpr + kbx, iqs);
+        for (int iqs = 0; iqs < qi; iqs += vdr) {
+            s += mmvq_moe_vec_dot<type>::dot(x, &y[col*(k/QK8_1) + kbx*(qk/QK8_1)], row*bpr + kbx, iqs);
         }
     }
     out[col*nrows + row] = s;
 }
 
-static void run_dense_q6k(const int nrows, const int k, const int ncols, std::mt19937 & rng, FILE * out) {
+template <ggml_type type>
+static void run_dense(const int nrows, const int k, const int ncols, std::mt19937 & rng, FILE * out) {
     const int bpr = k/QK_K;
     const size_t nb = size_t(nrows)*bpr;
     std::vector<uint8_t> hx;
-    fill_blocks<GGML_TYPE_Q6_K>(hx, nb, rng);
+    fill_blocks<type>(hx, nb, rng);
     std::vector<float> hyf(size_t(ncols)*k);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (auto & v : hyf) v = nd(rng);
@@ -302,7 +305,7 @@ static void run_dense_q6k(const int nrows, const int k, const int ncols, std::mt
     CK(cudaMalloc(&dy, hy.size()*sizeof(block_q8_1)));
     CK(cudaMemcpy(dy, hy.data(), hy.size()*sizeof(block_q8_1), cudaMemcpyHostToDevice));
     CK(cudaMalloc(&dref, nout*4)); CK(cudaMalloc(&dout, nout*4));
-    reference_dense_q6k<<<dim3((nrows + 127)/128, ncols), 128>>>(dx, dy, dref, k, nrows, ncols);
+    reference_dense<type><<<dim3((nrows + 127)/128, ncols), 128>>>(dx, dy, dref, k, nrows, ncols);
     CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
     std::vector<float> ref(nout);
     CK(cudaMemcpy(ref.data(), dref, nout*4, cudaMemcpyDeviceToHost));
@@ -312,15 +315,16 @@ static void run_dense_q6k(const int nrows, const int k, const int ncols, std::mt
     const size_t smem = mmvq_cols_smem(8, k);
     auto measure = [&](const char * name, auto && launcher) {
         const auto [us, err] = time_and_check(launcher, s, dout, ref, nrows > 100000 ? 40 : 400);
-        fprintf(out, "q6_K  dense  %6d %5d %2d  %-46s %8.2f us %7.0f GB/s  relerr %.1e  %s\n", nrows, k, ncols, name, us,
+        fprintf(out, "%-5s dense  %6d %5d %2d  %-46s %8.2f us %7.0f GB/s  relerr %.1e  %s\n", htype<type>::name, nrows, k,
+                ncols, name, us,
                 double(hx.size())/us/1e3, err/rmax, err/rmax < 1e-4f ? "ok" : "FAIL");
         fflush(out);
     };
 #define RUN_COLS(NC, NW, RPW) {                                                                                   \
         char name[64];                                                                                            \
-        snprintf(name, sizeof(name), "q6k-cols warps=%d rpw=%d", NW, RPW);                                        \
+        snprintf(name, sizeof(name), "cols warps=%d rpw=%d", NW, RPW);                                            \
         measure(name, [&](cudaStream_t st) {                                                                      \
-            mul_mat_vec_q6k_cols<NC, NW, RPW><<<(nrows + NW*RPW - 1)/(NW*RPW), dim3(WARP_SIZE, NW), smem, st>>>(  \
+            mul_mat_vec_q_cols<type, NC, NW, RPW><<<(nrows + NW*RPW - 1)/(NW*RPW), dim3(WARP_SIZE, NW), smem, st>>>( \
                 dx, dy, dout, k, nrows, bpr, k/QK8_1, nrows);                                                     \
         }); }
 #define RUN_COLS_ALL(NC) { RUN_COLS(NC, 8, 1) RUN_COLS(NC, 8, 4) RUN_COLS(NC, 4, 4) RUN_COLS(NC, 8, 8) }
@@ -351,12 +355,14 @@ int main() {
         run<GGML_TYPE_Q6_K, false>(dn, rng, stdout);  // q4_k_m's down where llama-quantize gives it more bits
         run<GGML_TYPE_Q8_0, false>(dn, rng, stdout);
     }
-    // dense Q6_K at 2-8 columns: the model's 8192 x 2048 and 2048 x 4096 projections and its 248,320-row head (the
-    // pinned kernel's times at these shapes: docs/mmvq-mmq-h200.txt, test-backend-ops perf)
+    // dense Q6_K and Q4_K at 2-8 columns: the model's 8192 x 2048 and 2048 x 4096 projections and its 248,320-row
+    // Q6_K head (the pinned kernel's times at these shapes: docs/mmvq-mmq-h200.txt, test-backend-ops perf)
     for (int ncols : {2, 4, 8}) {
-        run_dense_q6k(8192, 2048, ncols, rng, stdout);
-        run_dense_q6k(2048, 4096, ncols, rng, stdout);
-        run_dense_q6k(248320, 2048, ncols, rng, stdout);
+        run_dense<GGML_TYPE_Q6_K>(8192, 2048, ncols, rng, stdout);
+        run_dense<GGML_TYPE_Q6_K>(2048, 4096, ncols, rng, stdout);
+        run_dense<GGML_TYPE_Q6_K>(248320, 2048, ncols, rng, stdout);
+        run_dense<GGML_TYPE_Q4_K>(8192, 2048, ncols, rng, stdout);
+        run_dense<GGML_TYPE_Q4_K>(2048, 4096, ncols, rng, stdout);
     }
     return 0;
 }

@@ -2,7 +2,7 @@
 # The multi-token MoE mat-vecs of the candidate patch (benchmarks/gpu/candidates/0017-*: the shaped generic kernel
 # and the Q3_K/Q4_K row-per-warp kernels) alone, on the device (issue 28): each checked against a plain reference
 # and timed at the model's expert shapes, 2/4/8 tokens.
-# Also the dense multi-column Q6_K mat-vec of candidate 0020. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
+# Also the dense multi-column Q6_K/Q4_K mat-vec of candidate 0020. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
 # the pinned llama.cpp tree, pristine (the candidate patches are applied to a copy of its ggml/ here) or already
 # carrying them.
 #   bash benchmarks/gpu/moe_kernel/run.sh TREE [OUT]
@@ -34,12 +34,12 @@ nvcc -O3 -std=c++17 -arch=sm_$ARCH -Xptxas -v "${STOCK[@]}" -I"$G/src/ggml-cuda"
 # registers and spills of each shape (ptxas), then the table
 awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n) }
      /bytes spill/ { sp = $0; sub(/.*info *: */, "", sp) }
-     /Used [0-9]+ registers/ { if (n ~ /moe_shaped|mul_mat_vec_q_moeIL|moe_rowwarp|q6k_cols/) { r = $0; sub(/.*Used /, "", r); sub(/, used.*/, "", r); print n, r, sp }
+     /Used [0-9]+ registers/ { if (n ~ /moe_shaped|mul_mat_vec_q_moeIL|moe_rowwarp|mul_mat_vec_q_colsIL/) { r = $0; sub(/.*Used /, "", r); sub(/, used.*/, "", r); print n, r, sp }
                                n = ""; sp = "" }' "$O/moe-kernel-build.log" \
   | sed -E -e 's/_Z[0-9]+mul_mat_vec_q_moe_shapedIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELb([01])EEv13mmvq_moe_args/ggml_type \1 rpb=\2 ksplit=\3 minb=\4 unroll=\5 pref=\6 fused=\7:/' \
       -e 's/_Z17mul_mat_vec_q_moeIL9ggml_type([0-9]+)ELi2ELb([01])E[^ ]*/ggml_type \1 stock fused=\2:/' \
       -e 's/_Z[0-9]+mul_mat_vec_q3k_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEv13mmvq_moe_args/ggml_type 11 q3k-rowwarp rpw=\1 warps=\2 passes=\3 fused=\4 rpi=\5:/' \
       -e 's/_Z[0-9]+mul_mat_vec_q4k_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEv13mmvq_moe_args/ggml_type 12 q4k-rowwarp rpw=\1 warps=\2 bpp=\3 passes=\4 fused=\5 rpi=\6:/' \
-      -e 's/_Z[0-9]+mul_mat_vec_q6k_colsILi([0-9]+)ELi([0-9]+)ELi([0-9]+)EE[^ ]*/ggml_type 14 q6k-cols ncols=\1 warps=\2 rpw=\3:/' \
+      -e 's/_Z[0-9]+mul_mat_vec_q_colsIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)EE[^ ]*/ggml_type \1 cols ncols=\2 warps=\3 rpw=\4:/' \
   | sort | sed 's/^/# ptxas: /' > "$O/moe-kernel-regs.txt"
 timeout 300 "$B/harness" | tee "$O/moe-kernel.txt"
