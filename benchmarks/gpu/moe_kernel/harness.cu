@@ -235,16 +235,20 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
     // the row-per-warp kernels (mmvq-moe-rowwarp.cuh): RPW rows a warp, NW warps a block; Q3_K for K = 2048
     if constexpr (type == GGML_TYPE_Q3_K) {
         if (p.k % 2048 == 0 && p.k / 2048 == 1) {
-#define RUN_ROWWARP(R, W, I) {                                                                                    \
+#define RUN_ROWWARP(R, W, I, S) {                                                                                 \
             char name[64];                                                                                        \
-            snprintf(name, sizeof(name), "q3k-rowwarp rpw=%d warps=%d rpi=%d", R, W, I);                          \
+            snprintf(name, sizeof(name), "q3k-rowwarp rpw=%d warps=%d rpi=%d%s", R, W, I, S ? " staged" : "");   \
             measure(name, [&](cudaStream_t st) {                                                                  \
-                mul_mat_vec_q3k_moe_rowwarp<R, W, 1, fused, I>                                                    \
+                mul_mat_vec_q3k_moe_rowwarp<R, W, 1, fused, I, S>                                                 \
                     <<<q3k_rowwarp_grid<R, W>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a);   \
             }); }
-            RUN_ROWWARP(1, 4, 1) RUN_ROWWARP(2, 4, 1) RUN_ROWWARP(4, 4, 1) RUN_ROWWARP(8, 4, 1) RUN_ROWWARP(4, 8, 1)
-            RUN_ROWWARP(16, 2, 1) RUN_ROWWARP(2, 4, 2) RUN_ROWWARP(4, 4, 2) RUN_ROWWARP(8, 4, 2) RUN_ROWWARP(4, 4, 4)
-            RUN_ROWWARP(8, 4, 4)
+            RUN_ROWWARP(1, 4, 1, false) RUN_ROWWARP(2, 4, 1, false) RUN_ROWWARP(4, 4, 1, false)
+            RUN_ROWWARP(8, 4, 1, false) RUN_ROWWARP(4, 8, 1, false) RUN_ROWWARP(16, 2, 1, false)
+            RUN_ROWWARP(2, 4, 2, false) RUN_ROWWARP(4, 4, 2, false) RUN_ROWWARP(8, 4, 2, false)
+            RUN_ROWWARP(4, 4, 4, false) RUN_ROWWARP(8, 4, 4, false)
+            // rows copied into shared memory first (16-byte loads), then read from there
+            RUN_ROWWARP(1, 4, 1, true) RUN_ROWWARP(4, 4, 1, true) RUN_ROWWARP(4, 4, 2, true)
+            RUN_ROWWARP(8, 4, 2, true) RUN_ROWWARP(8, 4, 4, true)
 #undef RUN_ROWWARP
         }
     }

@@ -38,7 +38,7 @@ awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for
                                n = ""; sp = "" }' "$O/moe-kernel-build.log" \
   | sed -E -e 's/_Z[0-9]+mul_mat_vec_q_moe_shapedIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELb([01])EEv13mmvq_moe_args/ggml_type \1 rpb=\2 ksplit=\3 minb=\4 unroll=\5 pref=\6 fused=\7:/' \
       -e 's/_Z17mul_mat_vec_q_moeIL9ggml_type([0-9]+)ELi2ELb([01])E[^ ]*/ggml_type \1 stock fused=\2:/' \
-      -e 's/_Z[0-9]+mul_mat_vec_q3k_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEv13mmvq_moe_args/ggml_type 11 q3k-rowwarp rpw=\1 warps=\2 passes=\3 fused=\4 rpi=\5:/' \
+      -e 's/_Z[0-9]+mul_mat_vec_q3k_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)ELb([01])EEv13mmvq_moe_args/ggml_type 11 q3k-rowwarp rpw=\1 warps=\2 passes=\3 fused=\4 rpi=\5 staged=\6:/' \
       -e 's/_Z[0-9]+mul_mat_vec_q4k_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEv13mmvq_moe_args/ggml_type 12 q4k-rowwarp rpw=\1 warps=\2 bpp=\3 passes=\4 fused=\5 rpi=\6:/' \
       -e 's/_Z[0-9]+mul_mat_vec_q_colsIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)EE[^ ]*/ggml_type \1 cols ncols=\2 warps=\3 rpw=\4:/' \
   | sort | sed 's/^/# ptxas: /' > "$O/moe-kernel-regs.txt"
