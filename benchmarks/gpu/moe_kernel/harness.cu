@@ -1,9 +1,9 @@
 // The multi-token MoE mat-vecs of the candidate patch
 // benchmarks/gpu/candidates/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch alone on one GPU: the shaped generic
-// kernel (ggml-cuda/mmvq-moe-shaped.cuh, every shape in VARIANTS) and the Q3_K/Q4_K row-per-warp kernels
+// kernel (ggml-cuda/mmvq-moe-shaped.cuh, every shape in VARIANTS) and the Q3_K/Q4_K/Q8_0 row-per-warp kernels
 // (ggml-cuda/mmvq-moe-rowwarp.cuh, several shapes each) against a plain reference that sums upstream's vec_dot over
 // every quant index of every block. That checks the shaped kernel's indexing (rows, tokens, experts, K split) and
-// the row-per-warp kernels' own Q3_K/Q4_K arithmetic as well; upstream's vec_dot itself is checked by
+// the row-per-warp kernels' own arithmetic as well; upstream's vec_dot itself is checked by
 // test-backend-ops. Then kernel times over the expert shapes of Qwen3.5-35B-A3B / MiniCPM-V 4.7 (256 experts,
 // 8 used; gate/up fused 2 x 512 x 2048, down 2048 x 512) at 2, 4 and 8 tokens with uniform random routing (what
 // random weights route like). Built and run by run.sh next to this file. Output: one line per (type, shape,
@@ -269,6 +269,22 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
             RUN_ROWWARP4(2, 4, 2, 2) RUN_ROWWARP4(4, 4, 2, 2)
         }
 #undef RUN_ROWWARP4
+    }
+    // the Q8_0 row-per-warp kernel (rows staged in shared memory): K = 2048 one row at a time, K = 512 four
+    if constexpr (type == GGML_TYPE_Q8_0) {
+#define RUN_ROWWARP8(R, W, LPR, I) {                                                                              \
+            char name[64];                                                                                        \
+            snprintf(name, sizeof(name), "q8_0-rowwarp rpw=%d warps=%d lpr=%d rpi=%d", R, W, LPR, I);             \
+            measure(name, [&](cudaStream_t st) {                                                                  \
+                mul_mat_vec_q8_0_moe_rowwarp<R, W, LPR, fused, I>                                                 \
+                    <<<q8_0_rowwarp_grid<R, W, LPR>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a); \
+            }); }
+        if (p.k == 2048) {
+            RUN_ROWWARP8(1, 4, 32, 1) RUN_ROWWARP8(4, 4, 32, 1) RUN_ROWWARP8(4, 4, 32, 2) RUN_ROWWARP8(8, 4, 32, 2)
+        } else if (p.k == 512) {
+            RUN_ROWWARP8(1, 4, 8, 1) RUN_ROWWARP8(2, 4, 8, 1) RUN_ROWWARP8(2, 4, 8, 2) RUN_ROWWARP8(4, 4, 8, 2)
+        }
+#undef RUN_ROWWARP8
     }
     CK(cudaFree(dy)); CK(cudaFree(dids)); CK(cudaFree(dref)); CK(cudaFree(dout));
     CK(cudaStreamDestroy(s));

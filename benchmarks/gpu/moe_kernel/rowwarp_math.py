@@ -1,5 +1,5 @@
 """The integer work of one row of the row-per-warp kernels (ggml-cuda/mmvq-moe-rowwarp.cuh of candidate 0017, Q3_K
-and Q4_K; ggml-cuda/mmvq-cols.cuh of candidate 0020, Q6_K, and Q4_K with the MoE kernel's lanes), lane by lane, in
+Q4_K and Q8_0; ggml-cuda/mmvq-cols.cuh of candidate 0020, Q6_K, and Q4_K with the MoE kernel's lanes), lane by lane, in
 Python, against gguf-py's own dequantization: checks the lane -> (super-block, quarter) mapping, the activation
 indices, the sub-block scale (and Q4_K min) decoding and the Q3_K minus-4 taken from the activations' byte sum,
 before the kernels meet a GPU (the CUDA code itself is checked by harness.cu and test-backend-ops on the device).
@@ -130,6 +130,22 @@ def q6k_row(blocks: bytes, qb: bytes, d8: np.ndarray, broken: bool) -> float:
     return total
 
 
+def q8_0_row(blocks: bytes, qb: bytes, d8: np.ndarray, broken: bool) -> float:
+    total = 0.0
+    for lw in range(len(blocks) // 68):  # a row's lanes: blocks 2*lw and 2*lw + 1, the lane's 17 words
+        w = [i32(blocks, 68 * lw + 4 * i) for i in range(17)]
+        dx0 = struct.unpack("<e", struct.pack("<H", w[0] & 0xFFFF))[0]
+        dx1 = struct.unpack("<e", struct.pack("<H", (w[8] >> 16) & 0xFFFF))[0]
+        s0 = s1 = 0
+        for k in range(8):
+            lo, hi = w[k] & 0xFFFFFFFF, w[k + 1] & 0xFFFFFFFF
+            funnel = ((hi << 32 | lo) >> (8 if broken else 16)) & 0xFFFFFFFF  # __funnelshift_r(lo, hi, 16)
+            s0 = dp4a(struct.unpack("<i", struct.pack("<I", funnel))[0], i32(qb, 32 * (2 * lw) + 4 * k), s0)
+            s1 = dp4a(w[9 + k], i32(qb, 32 * (2 * lw + 1) + 4 * k), s1)
+        total += dx0 * float(d8[2 * lw]) * s0 + dx1 * float(d8[2 * lw + 1]) * s1
+    return total
+
+
 def main(argv: list[str]) -> int:
     broken = "--break" in argv
     rng = np.random.default_rng(28)
@@ -140,11 +156,13 @@ def main(argv: list[str]) -> int:
         ("q4_K", GGMLQuantizationType.Q4_K, 144, 512, q4k_row),
         ("q6_K", GGMLQuantizationType.Q6_K, 210, 2048, q6k_row),
         ("q6_K", GGMLQuantizationType.Q6_K, 210, 4096, q6k_row),
+        ("q8_0", GGMLQuantizationType.Q8_0, 34, 2048, q8_0_row),
+        ("q8_0", GGMLQuantizationType.Q8_0, 34, 512, q8_0_row),
     ):
-        nb = k // 256
+        nb = k // (32 if size == 34 else 256)
         blocks = bytearray(rng.integers(0, 256, size * nb, dtype=np.uint8).tobytes())
         for b in range(nb):  # finite, small super-block scales (random bytes there can be inf/nan halves)
-            for off in {110: (108,), 144: (0, 2), 210: (208,)}[size]:
+            for off in {110: (108,), 144: (0, 2), 210: (208,), 34: (0,)}[size]:
                 struct.pack_into("<e", blocks, size * b + off, float(rng.uniform(0.002, 0.02)))
         w = dequantize(np.frombuffer(bytes(blocks), dtype=np.uint8), qtype).reshape(-1)
         qb, d8 = q8_1(rng.normal(size=k).astype(np.float32))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The multi-token MoE mat-vecs of the candidate patch (benchmarks/gpu/candidates/0017-*: the shaped generic kernel
-# and the Q3_K/Q4_K row-per-warp kernels) alone, on the device (issue 28): each checked against a plain reference
+# and the Q3_K/Q4_K/Q8_0 row-per-warp kernels) alone, on the device (issue 28): each checked against a plain reference
 # and timed at the model's expert shapes, 2/4/8 tokens.
 # Also the dense multi-column Q6_K/Q4_K mat-vec of candidate 0020. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
 # the pinned llama.cpp tree, pristine (the candidate patches are applied to a copy of its ggml/ here) or already
@@ -40,6 +40,7 @@ awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for
       -e 's/_Z17mul_mat_vec_q_moeIL9ggml_type([0-9]+)ELi2ELb([01])E[^ ]*/ggml_type \1 stock fused=\2:/' \
       -e 's/_Z[0-9]+mul_mat_vec_q3k_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)ELb([01])EEv13mmvq_moe_args/ggml_type 11 q3k-rowwarp rpw=\1 warps=\2 passes=\3 fused=\4 rpi=\5 staged=\6:/' \
       -e 's/_Z[0-9]+mul_mat_vec_q4k_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEv13mmvq_moe_args/ggml_type 12 q4k-rowwarp rpw=\1 warps=\2 bpp=\3 passes=\4 fused=\5 rpi=\6:/' \
+      -e 's/_Z[0-9]+mul_mat_vec_q8_0_moe_rowwarpILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEv13mmvq_moe_args/ggml_type 8 q8_0-rowwarp rpw=\1 warps=\2 lpr=\3 fused=\4 rpi=\5:/' \
       -e 's/_Z[0-9]+mul_mat_vec_q_colsIL9ggml_type([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)EE[^ ]*/ggml_type \1 cols ncols=\2 warps=\3 rpw=\4:/' \
   | sort | sed 's/^/# ptxas: /' > "$O/moe-kernel-regs.txt"
 timeout 300 "$B/harness" | tee "$O/moe-kernel.txt"
