@@ -18,7 +18,9 @@ client side, as a client sees it:
 
 Prompts differ per stream (so no slot reuses another's prompt) and are not cached (`cache_prompt: false`); EOS is
 ignored so every stream generates exactly `n_predict` tokens. The server's own `timings` of each stream are kept
-beside the client's figures. One server per mode (target only, drafted), with as many slots as the highest level.
+beside the client's figures. One server per mode (target only, drafted), with as many slots as the highest level,
+warmed up by one request of the levels' prompt length before the first level; with repeats, each level runs that
+many times and its row is the run with the median aggregate decode (level_row).
 """
 
 from __future__ import annotations
