@@ -232,16 +232,19 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
         ++vi; }
     VARIANTS(RUN_VARIANT)
 #undef RUN_VARIANT
-    // the row-per-warp kernels (mmvq-moe-rowwarp.cuh): RPW rows a warp, NW warps a block; Q3_K for K = 2048
+    // the row-per-warp kernels (mmvq-moe-rowwarp.cuh): a kernel, its grid and its warps a block; the macros below only
+    // name the instance and pick kernel and grid
+    auto rowwarp = [&](const char * name, auto kernel, const dim3 grid, const int warps) {
+        measure(name, [&](cudaStream_t st) { kernel<<<grid, dim3(WARP_SIZE, warps), 0, st>>>(a); });
+    };
+    char name[64];
+    // Q3_K for K = 2048: RPW rows a warp, W warps a block, I rows in flight, S staged through shared memory
     if constexpr (type == GGML_TYPE_Q3_K) {
-        if (p.k % 2048 == 0 && p.k / 2048 == 1) {
-#define RUN_ROWWARP(R, W, I, S) {                                                                                 \
-            char name[64];                                                                                        \
+        if (p.k == 2048) {
+#define RUN_ROWWARP(R, W, I, S)                                                                                   \
             snprintf(name, sizeof(name), "q3k-rowwarp rpw=%d warps=%d rpi=%d%s", R, W, I, S ? " staged" : "");   \
-            measure(name, [&](cudaStream_t st) {                                                                  \
-                mul_mat_vec_q3k_moe_rowwarp<R, W, 1, fused, I, S>                                                 \
-                    <<<q3k_rowwarp_grid<R, W>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a);   \
-            }); }
+            rowwarp(name, mul_mat_vec_q3k_moe_rowwarp<R, W, 1, fused, I, S>,                                      \
+                    q3k_rowwarp_grid<R, W>(a.nrows_x, N_USED, a.ncols_dst), W);
             RUN_ROWWARP(1, 4, 1, false) RUN_ROWWARP(2, 4, 1, false) RUN_ROWWARP(4, 4, 1, false)
             RUN_ROWWARP(8, 4, 1, false) RUN_ROWWARP(4, 8, 1, false) RUN_ROWWARP(16, 2, 1, false)
             RUN_ROWWARP(2, 4, 2, false) RUN_ROWWARP(4, 4, 2, false) RUN_ROWWARP(8, 4, 2, false)
@@ -252,15 +255,12 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
 #undef RUN_ROWWARP
         }
     }
-    // the Q4_K row-per-warp kernel: K = 2048 (gate/up) 8 super-blocks a pass, K = 512 (down) 2, 4 rows at once
+    // Q4_K: K = 2048 (gate/up) 8 super-blocks a pass, K = 512 (down) 2, 4 rows at once
     if constexpr (type == GGML_TYPE_Q4_K) {
-#define RUN_ROWWARP4(R, W, BPP, I) {                                                                              \
-            char name[64];                                                                                        \
-            snprintf(name, sizeof(name), "q4k-rowwarp rpw=%d warps=%d bpp=%d rpi=%d", R, W, BPP, I);              \
-            measure(name, [&](cudaStream_t st) {                                                                  \
-                mul_mat_vec_q4k_moe_rowwarp<R, W, BPP, 1, fused, I>                                               \
-                    <<<q4k_rowwarp_grid<R, W, BPP>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a); \
-            }); }
+#define RUN_ROWWARP4(R, W, BPP, I)                                                                                \
+        snprintf(name, sizeof(name), "q4k-rowwarp rpw=%d warps=%d bpp=%d rpi=%d", R, W, BPP, I);                  \
+        rowwarp(name, mul_mat_vec_q4k_moe_rowwarp<R, W, BPP, 1, fused, I>,                                        \
+                q4k_rowwarp_grid<R, W, BPP>(a.nrows_x, N_USED, a.ncols_dst), W);
         if (p.k == 2048) {
             RUN_ROWWARP4(1, 4, 8, 1) RUN_ROWWARP4(2, 4, 8, 1) RUN_ROWWARP4(4, 4, 8, 1) RUN_ROWWARP4(8, 4, 8, 1)
             RUN_ROWWARP4(4, 4, 8, 2) RUN_ROWWARP4(4, 4, 8, 4)
@@ -270,15 +270,12 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
         }
 #undef RUN_ROWWARP4
     }
-    // the Q8_0 row-per-warp kernel (rows staged in shared memory): K = 2048 one row at a time, K = 512 four
+    // Q8_0 (rows staged in shared memory): K = 2048 one row at a time, K = 512 four
     if constexpr (type == GGML_TYPE_Q8_0) {
-#define RUN_ROWWARP8(R, W, LPR, I) {                                                                              \
-            char name[64];                                                                                        \
-            snprintf(name, sizeof(name), "q8_0-rowwarp rpw=%d warps=%d lpr=%d rpi=%d", R, W, LPR, I);             \
-            measure(name, [&](cudaStream_t st) {                                                                  \
-                mul_mat_vec_q8_0_moe_rowwarp<R, W, LPR, fused, I>                                                 \
-                    <<<q8_0_rowwarp_grid<R, W, LPR>(a.nrows_x, N_USED, a.ncols_dst), dim3(WARP_SIZE, W), 0, st>>>(a); \
-            }); }
+#define RUN_ROWWARP8(R, W, LPR, I)                                                                                \
+        snprintf(name, sizeof(name), "q8_0-rowwarp rpw=%d warps=%d lpr=%d rpi=%d", R, W, LPR, I);                 \
+        rowwarp(name, mul_mat_vec_q8_0_moe_rowwarp<R, W, LPR, fused, I>,                                          \
+                q8_0_rowwarp_grid<R, W, LPR>(a.nrows_x, N_USED, a.ncols_dst), W);
         if (p.k == 2048) {
             RUN_ROWWARP8(1, 4, 32, 1) RUN_ROWWARP8(4, 4, 32, 1) RUN_ROWWARP8(4, 4, 32, 2) RUN_ROWWARP8(8, 4, 32, 2)
         } else if (p.k == 512) {
