@@ -27,4 +27,7 @@ def main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]) if len(sys.argv) == 2 else 2)
+    if len(sys.argv) != 2:
+        print("usage: python3 benchmarks/gpu/cand_timing.py DIR (DIR holds decode-timing-<config>.json)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))
