@@ -28,6 +28,6 @@ def main(folder: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python3 benchmarks/gpu/cand_timing.py DIR (DIR holds decode-timing-<config>.json)", file=sys.stderr)
+        print("usage: python3 benchmarks/gpu/cand_timing.py DIR (holding decode-timing-<config>.json)", file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1]))
