@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-CONFIGS = ("off", "on", "moe-only", "shaped-only", "cols-only", "moe-mmq")
+CONFIGS = ("off", "on", "moe-only", "shaped-only", "cols-only", "series")
 
 
 def main(folder: str) -> int:

@@ -11,6 +11,10 @@
 #   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
 #   timing       the decode step alone, no server and no sampling: llama-batched-bench at 1, 2, 4, 8, 16 sequences
 #                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
+#   timing-kvu   the same with the server's KV layout, one unified pool (-kvu): each query spans every slot's cells
+#                (the server's step beside `timing`'s); $OUT/decode-timing-kvu.json
+#   bench-off    `bench` with the Hopper decode kernels off (series patches 0017-0019 and the candidates, $CAND_OFF):
+#                the pinned kernels, the anchor beside `bench` in one build; $OUT/concurrency-off/*
 #   bench        `ggufbridge bench --concurrency 1,2,4,8 --repeats 3` on that file, target only, the h200 recipe as shipped
 #                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the issue's table: one
 #                llama-server with -np 8 (the planner's slots: a unified pool, each slot capped at its context),
@@ -35,16 +39,15 @@
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 # With STREAMS_CANDIDATES=1 (device.sh: the runtime is the series and then benchmarks/gpu/candidates/*.patch, with
 # test-backend-ops and its decode perf cases; the candidates' kernel table moe-kernel.txt and the target file are
-# made during the build) five more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
+# made during the build) four more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
 # build is the series (before) and the series with the candidates (after):
 #   eval         test-backend-ops on CUDA0 against the CPU: MUL_MAT_ID, MUL_MAT_VEC_FUSION (fused gate/GLU with
 #                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION with the shaped MoE kernel, MUL_MAT for the types the
 #                crossover row names and F32; $OUT/eval.txt
-#   bench-off    `bench` with the candidates off: the series; $OUT/concurrency-off/*
-#   bench        (above) with the candidates on (their defaults)
-#   cand-timing  the decode step alone (llama-batched-bench) at 1-8 sequences with the candidates off, on, the MoE
-#                kernels alone, the shaped one alone, the Q6_K multi-column one alone, and MUL_MAT_ID on MMQ from 2
-#                tokens; $OUT/cand-timing.txt
+#   bench        (above): the series with the candidates on (their defaults)
+#   cand-timing  the decode step alone (llama-batched-bench) at 1-8 sequences with the Hopper decode kernels off, on,
+#                the MoE kernels alone, the shaped one alone, the Q6_K multi-column one alone, and the series as
+#                shipped (candidates off); $OUT/cand-timing.txt
 #   cand-perf    kernel times with each candidate off and on (test-backend-ops perf, the model's shapes at 2/4/8
 #                columns); $OUT/cand-perf.txt
 #   benchmarks/device.sh streams all
@@ -63,8 +66,9 @@ printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\
 printf 'base = "h200"\nname = "h200-q8kv-b512"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 512\n' \
   > $R/h200-q8kv-b512.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
+# the Hopper decode kernels off: the series' MoE mat-vecs (0017), thin F32 (0018) and crossover row (0019), and the
+# candidates' multi-column mat-vec; i.e. the pinned kernels (MOE_SHAPED=0 turns the row-per-warp MoE kernels off too)
 CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVQ_COLS=0"
-# (MOE_SHAPED=0 turns the row-per-warp MoE kernels off too)
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
@@ -81,6 +85,9 @@ build-target)
 timing)
   timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
     --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-h200.json 2>&1 | tail -20 ;;
+timing-kvu)
+  timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only --extra="-ctk q8_0 -ctv q8_0 -kvu" \
+    --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-kvu.json 2>&1 | tail -20 ;;
 bench)
   timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency 2>&1 | tail -20 ;;
@@ -123,7 +130,7 @@ crossover)
       | sed -u -e 's/\x1b\[[0-9;]*m//g' > $O/$([ $op = MUL_MAT_ID ] && echo mmid || echo mm).txt
   done ;;
 eval)
-  { echo "# the shaped MoE kernel (0017, its shapes by the matrix's form)"
+  { echo "# the MoE mat-vec kernels (series patch 0017: shapes by the matrix's form, row-per-warp)"
     for op in MUL_MAT_ID MUL_MAT_VEC_FUSION MUL_MAT_ID_FUSION; do
       tbo 120 -o $op -b CUDA0 | grep -E "FAIL|tests passed|Backend CUDA0: "
     done
@@ -134,14 +141,14 @@ bench-off)
   env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
 cand-timing)
-  # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the candidates off, all on,
-  # the MoE kernels alone (row-per-warp and shaped), the shaped MoE kernel alone (row-per-warp off), the Q6_K
-  # multi-column mat-vec alone, and all on with MMQ with expert ids for MUL_MAT_ID from 2 tokens
-  # (GGML_CUDA_MOE_MMVQ_MAX=1, 0019's measuring knob); $OUT/cand-timing.txt, $OUT/decode-timing-<config>.json
+  # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the Hopper decode kernels
+  # (series patches 0017-0019 and the candidates) off, all on, the MoE kernels alone (row-per-warp and shaped), the
+  # shaped MoE kernel alone (row-per-warp off), the Q6_K multi-column mat-vec alone, and the series as shipped (the
+  # candidates off); $OUT/cand-timing.txt, $OUT/decode-timing-<config>.json
   T="GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0"
   for v in "off:$CAND_OFF" "on:" "moe-only:$T GGML_CUDA_MMVQ_COLS=0" \
            "shaped-only:$T GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_MOE_ROWWARP=0" "cols-only:$T GGML_CUDA_MOE_SHAPED=0" \
-           "moe-mmq:GGML_CUDA_MOE_MMVQ_MAX=1"; do
+           "series:GGML_CUDA_MMVQ_COLS=0"; do
     env ${v#*:} timeout 120 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
       --timing-npl 1,2,4,8 --ntg 64 --json $O/decode-timing-${v%%:*}.json > $L/timing-${v%%:*}.log 2>&1
   done
@@ -167,8 +174,8 @@ cand-perf)
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
-*) echo "streams: unknown step $step (all build build-target timing where kernels
-   bench bench-host bench-b512 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-off cand-timing cand-perf)" >&2
+*) echo "streams: unknown step $step (all build build-target timing timing-kvu where kernels bench bench-off
+   bench-host bench-b512 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval cand-timing cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
 t done

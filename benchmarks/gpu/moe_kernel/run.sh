@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The multi-token MoE mat-vecs of the candidate patch (benchmarks/gpu/candidates/0017-*: the shaped generic kernel
-# and the Q3_K/Q4_K/Q8_0 row-per-warp kernels) alone, on the device (issue 28): each checked against a plain reference
+# The multi-token MoE mat-vecs of the series' patch 0017 (patches/llama.cpp/0017-*: the shaped generic kernel and
+# the Q3_K/Q4_K/Q8_0 row-per-warp kernels) alone, on the device (issue 28): each checked against a plain reference
 # and timed at the model's expert shapes, 2/4/8 tokens.
 # Also the dense multi-column Q6_K/Q4_K mat-vec of candidate 0020. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
-# the pinned llama.cpp tree, pristine (the candidate patches are applied to a copy of its ggml/ here) or already
+# the pinned llama.cpp tree, pristine (the two patches are applied to a copy of its ggml/ here) or already
 # carrying them.
 #   bash benchmarks/gpu/moe_kernel/run.sh TREE [OUT]
 set -euo pipefail
@@ -11,9 +11,11 @@ HERE=$(cd "$(dirname "$0")" && pwd); TREE=$1; O=${2:-/tmp}
 B=$(mktemp -d)
 if [ -f "$TREE/ggml/src/ggml-cuda/mmvq-cols.cuh" ]; then
   G=$TREE/ggml
-else  # the kernels' candidates (0017: MoE shaped and row-per-warp; 0020: dense multi-column) on a copy
+else  # the kernels' patches (series 0017: MoE shaped and row-per-warp; candidate 0020: dense multi-column) on a copy
   cp -r "$TREE/ggml" "$B/ggml"
-  for c in 0017 0020; do patch -p1 --batch --quiet -d "$B" < "$(ls "$HERE"/../candidates/$c-*.patch)"; done
+  for c in "$HERE"/../../../patches/llama.cpp/0017-*.patch "$HERE"/../candidates/0020-*.patch; do
+    patch -p1 --batch --quiet -d "$B" < "$c"
+  done
   G=$B/ggml
 fi
 # the stock kernel beside the shapes: mul_mat_vec_q_moe and the constexpr helpers it uses, cut from the tree's own
