@@ -31,6 +31,9 @@
 #                                 (fattn_h200.sh: build fatest exact-q8_0 depth-q8_0 drafted-b0 ...)
 #   streams STEP...               many clients at once: bench --concurrency and a decode-step profile
 #                                 (concurrency_h200.sh: build bench profile)
+#   topk-sort                     one sequence's top-k over the vocabulary as ggml-cuda runs it with CCCL < 3.2 (a full
+#                                 radix argsort) beside an argmax and candidate 0021's two passes, 1 and 8 rows
+#                                 (benchmarks/gpu/topk_sort; no runtime build, ~1 min)
 #   moe-kernel                    the shaped multi-token MoE mat-vec alone (benchmarks/gpu/moe_kernel; no runtime
 #                                 build: the pinned sources' headers and nvcc, ~1 min)
 #
@@ -219,7 +222,9 @@ case $job in
              RUNTIME_BIN=none bash benchmarks/gpu/concurrency_h200.sh build-target > "$WORK/out/gen.log" 2>&1 &
            fi
            setup_device "${a[@]}"; wait; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
+  topk-sort) setup_device --no-runtime; extract_sources
+             exec bash benchmarks/gpu/topk_sort/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" ;;
   moe-kernel) setup_device --no-runtime; extract_sources
               exec bash benchmarks/gpu/moe_kernel/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" ;;
-  *) sed -n 2,36p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
+  *) sed -n 2,39p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
 esac

@@ -28,6 +28,9 @@
 #   where        the step at 1, 2, 4, 8, 16 sequences taken apart, no server (decode_step.cpp): time in llama_decode
 #                (host), the whole step ($OUT/step-width.jsonl); kernels of two steps at 1 and 8 sequences by name,
 #                from ncu ($OUT/step-width-kernels.txt); the width sweep again at 1 and 8 without CUDA graphs
+#   sampler-split the step alone without and with llama-server's sampler chain in the graph (top_k 1 and 40) at
+#                1-8 sequences, and its kernels by name at 8 (ncu): the GPU's part of the served step's excess
+#                ($OUT/step-sampler.jsonl, $OUT/step-sampler-kernels.txt)
 #   kernels      the same kernel split on a 4-layer proxy (quick to write and to profile; $OUT/step-proxy4-kernels.txt)
 #                and test-backend-ops' MoE mat-vec timings at 1, 4, 8 tokens
 #   crossover    MMVQ against MMQ at the model's shapes, 1-9 and 16 columns (test-backend-ops perf with the cases of
@@ -39,12 +42,14 @@
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 # With STREAMS_CANDIDATES=1 (device.sh: the runtime is the series and then benchmarks/gpu/candidates/*.patch, with
 # test-backend-ops and its decode perf cases; the candidates' kernel table moe-kernel.txt and the target file are
-# made during the build) four more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
+# made during the build) five more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
 # build is the series (before) and the series with the candidates (after):
 #   eval         test-backend-ops on CUDA0 against the CPU: MUL_MAT_ID, MUL_MAT_VEC_FUSION (fused gate/GLU with
-#                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION with the shaped MoE kernel, MUL_MAT for the types the
-#                crossover row names and F32; $OUT/eval.txt
+#                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION with the shaped MoE kernel, TOP_K (0021), MUL_MAT for
+#                the types the crossover row names and F32; $OUT/eval.txt
 #   bench        (above): the series with the candidates on (their defaults)
+#   bench-series `bench` with the candidates off, the series as shipped (the before of a candidate);
+#                $OUT/concurrency-series/*
 #   cand-timing  the decode step alone (llama-batched-bench) at 1-8 sequences with the Hopper decode kernels off, on,
 #                the MoE kernels alone, the shaped one alone, the Q6_K multi-column one alone, and the series as
 #                shipped (candidates off); $OUT/cand-timing.txt
@@ -67,8 +72,11 @@ printf 'base = "h200"\nname = "h200-q8kv-b512"\n[server]\ncache_type_k = "q8_0"\
   > $R/h200-q8kv-b512.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
 # the Hopper decode kernels off: the series' MoE mat-vecs (0017), thin F32 (0018) and crossover row (0019), and the
-# candidates' multi-column mat-vec; i.e. the pinned kernels (MOE_SHAPED=0 turns the row-per-warp MoE kernels off too)
-CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVQ_COLS=0"
+# candidates' multi-column mat-vec (0020) and two-pass top-k (0021); i.e. the pinned kernels (MOE_SHAPED=0 turns the
+# row-per-warp MoE kernels off too)
+# the candidates alone off (the series as shipped)
+SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_TOPK_TILES=0"
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_TOPK_TILES=0"
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
@@ -109,6 +117,17 @@ where)
   GGML_CUDA_DISABLE_GRAPHS=1 bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag width-eager \
     | tee -a $O/step-width.jsonl
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 1" "--seqs 8" -- $M | tee $O/step-width-kernels.txt ;;
+sampler-split)
+  # where the served step's excess over the GPU's goes (issue 28: 10.8 ms while all 8 streams decode, 9.2 in
+  # `timing-kvu`): the step alone (decode_step.cpp, 8 slots over a unified pool as llama-server has them) without a
+  # sampler, then with the chain llama-server builds for a greedy request in the graph (top_k 1 as `bench` asks, 40
+  # the server's default); the difference is the GPU's sampling, the rest of the excess the server thread's. Then
+  # the kernels of the 8-sequence step by name without and with the chain (ncu)
+  M="-m $(model) --kv q8_0 --depths 1024 --slots 8 --ctx 1280"
+  for k in -1 1 40; do
+    bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8 --sampler-top-k $k --tag sampler | tee -a $O/step-sampler.jsonl
+  done
+  bash benchmarks/gpu/decode_step.sh ncu "--seqs 8" "--seqs 8 --sampler-top-k 40" -- $M | tee $O/step-sampler-kernels.txt ;;
 kernels)
   # the step's kernels by name at 1 and 8 sequences on a 4-layer proxy (3 gated delta-net + 1 attention layer at
   # the real widths: a tenth of the model's layers, the whole output head), quick to write and to profile; and
@@ -134,12 +153,17 @@ eval)
     for op in MUL_MAT_ID MUL_MAT_VEC_FUSION MUL_MAT_ID_FUSION; do
       tbo 120 -o $op -b CUDA0 | grep -E "FAIL|tests passed|Backend CUDA0: "
     done
+    echo "# TOP_K (candidate 0021: rows of up to 2^19 + 11 values, ties)"
+    tbo 120 -o TOP_K -b CUDA0 | grep -E "FAIL|tests passed"
     echo "# MUL_MAT (the crossover row's types, F32)"
     tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
   } | tee $O/eval.txt ;;
 bench-off)
   env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
+bench-series)
+  env $SERIES_ONLY timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
+    --repeats 3 --prompt-lengths 1k -n 128 -o $O/concurrency-series 2>&1 | tail -20 ;;
 cand-timing)
   # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the Hopper decode kernels
   # (series patches 0017-0019 and the candidates) off, all on, the MoE kernels alone (row-per-warp and shaped), the
@@ -148,7 +172,7 @@ cand-timing)
   T="GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVF_THIN_F32=0"
   for v in "off:$CAND_OFF" "on:" "moe-only:$T GGML_CUDA_MMVQ_COLS=0" \
            "shaped-only:$T GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_MOE_ROWWARP=0" "cols-only:$T GGML_CUDA_MOE_SHAPED=0" \
-           "series:GGML_CUDA_MMVQ_COLS=0"; do
+           "series:$SERIES_ONLY"; do
     env ${v#*:} timeout 120 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
       --timing-npl 1,2,4,8 --ntg 64 --json $O/decode-timing-${v%%:*}.json > $L/timing-${v%%:*}.log 2>&1
   done
@@ -174,8 +198,9 @@ cand-perf)
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
-*) echo "streams: unknown step $step (all build build-target timing timing-kvu where kernels bench bench-off
-   bench-host bench-b512 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval cand-timing cand-perf)" >&2
+*) echo "streams: unknown step $step (all build build-target timing timing-kvu where sampler-split kernels bench bench-off
+   bench-host bench-b512 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-series cand-timing
+   cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
 t done

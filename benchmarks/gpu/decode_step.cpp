@@ -9,11 +9,17 @@
 //             the KQ-mask fill, graph reuse or rebuild, the launch itself);
 //   step_ms   llama_decode + llama_synchronize: the whole step as the GPU ends it;
 //   argmax_ms the greedy pick over each sequence's logits on the host.
+// With --sampler-top-k K each sequence gets, in the graph (llama_set_sampler), the chain llama-server builds for a
+// greedy request with that top_k and the default parameters (common_sampler_init: penalties, DRY, top-n-sigma,
+// top-k, typical, top-p, min-p, XTC, temperature 0, dist; common/sampling.cpp, common/common.h), and the token comes
+// from llama_get_sampled_token_ith: step_ms then holds the sampling the server's `backend_sampling` adds to the GPU
+// step, and argmax_ms is the read of the sampled token. Set against a run without it, this splits the served step's
+// extra time into the GPU's part and the server thread's (issue 28).
 // With --cuda-range the timed steps sit between cuProfilerStart/Stop, so `ncu --profile-from-start off` sees those
 // kernels only (the prefill is not profiled). One JSON object per (N, depth) on stdout.
 //
 //   decode_step -m MODEL [--kv q8_0] [--depths 1024,262144] [--seqs 1,8] [--ctx 262144] [--slots 4] [--steps 24]
-//               [--cuda-range] [--tag T]
+//               [--sampler-top-k K] [--cuda-range] [--tag T]
 #include "llama.h"
 
 #include <dlfcn.h>
@@ -50,7 +56,7 @@ static double now() {
 int main(int argc, char ** argv) {
     std::string model_path, kv = "q8_0", tag;
     std::vector<int> depths = {1024, 32768, 131072, 262144}, seqs = {1};
-    int ctx_per_slot = 262144, slots = 4, steps = 24;
+    int ctx_per_slot = 262144, slots = 4, steps = 24, sampler_top_k = -1;
     bool cuda_range = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -65,6 +71,7 @@ int main(int argc, char ** argv) {
         else if (a == "--ctx") ctx_per_slot = std::atoi(next());
         else if (a == "--slots") slots = std::atoi(next());
         else if (a == "--steps") steps = std::atoi(next());
+        else if (a == "--sampler-top-k") sampler_top_k = std::atoi(next());
         else if (a == "--cuda-range") cuda_range = true;
         else if (a == "--tag") tag = next();
         else { std::fprintf(stderr, "decode_step: unknown argument %s\n", a.c_str()); return 2; }
@@ -109,6 +116,30 @@ int main(int argc, char ** argv) {
         cp.n_threads = cp.n_threads_batch = 8;
         llama_context * ctx = llama_init_from_model(model, cp);
         if (!ctx) { std::fprintf(stderr, "decode_step: cannot create the context\n"); return 2; }
+        // the server's chain for a greedy request (the defaults of common_params_sampling, temperature 0, seed 0)
+        std::vector<llama_sampler *> chains;
+        if (sampler_top_k >= 0) {
+            const llama_vocab * vocab = llama_model_get_vocab(model);
+            const char * breakers[] = {"\n", ":", "\"", "*"};
+            for (int q = 0; q < n_seq; q++) {
+                llama_sampler * c = llama_sampler_chain_init(llama_sampler_chain_default_params());
+                llama_sampler_chain_add(c, llama_sampler_init_penalties(n_vocab, 64, 1.0f, 0.0f, 0.0f));
+                llama_sampler_chain_add(c, llama_sampler_init_dry(vocab, 0.0f, 1.75f, 2, 64, breakers, 4));
+                llama_sampler_chain_add(c, llama_sampler_init_top_n_sigma(-1.0f));
+                llama_sampler_chain_add(c, llama_sampler_init_top_k(sampler_top_k));
+                llama_sampler_chain_add(c, llama_sampler_init_typical(1.0f, 0));
+                llama_sampler_chain_add(c, llama_sampler_init_top_p(0.95f, 0));
+                llama_sampler_chain_add(c, llama_sampler_init_min_p(0.05f, 0));
+                llama_sampler_chain_add(c, llama_sampler_init_xtc(0.0f, 0.10f, 0, 0));
+                llama_sampler_chain_add(c, llama_sampler_init_temp_ext(0.0f, 0.0f, 1.0f));
+                llama_sampler_chain_add(c, llama_sampler_init_dist(0));
+                if (!llama_set_sampler(ctx, q, c)) {
+                    std::fprintf(stderr, "decode_step: the sampler chain could not go into the graph\n");
+                    return 2;
+                }
+                chains.push_back(c);
+            }
+        }
         llama_batch batch = llama_batch_init(2048, 0, 1);
         std::mt19937 rng(0);
         std::uniform_int_distribution<int> tok_dist(lo, hi);
@@ -146,8 +177,12 @@ int main(int argc, char ** argv) {
                 llama_synchronize(ctx);
                 const double t2 = now();
                 for (int q = 0; q < n_seq; q++) {
-                    const float * lg = llama_get_logits_ith(ctx, q);
-                    toks[q] = (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
+                    if (!chains.empty()) {
+                        toks[q] = llama_get_sampled_token_ith(ctx, q);
+                    } else {
+                        const float * lg = llama_get_logits_ith(ctx, q);
+                        toks[q] = (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
+                    }
                     n_past[q]++;
                 }
                 const double t3 = now();
@@ -158,13 +193,16 @@ int main(int argc, char ** argv) {
             for (int i = 0; i < steps; i++) one(true);
             if (prof_stop) prof_stop();
             const double s = median_ms(step), p = median_ms(pick);
-            std::printf("{\"tag\": \"%s\", \"kv\": \"%s\", \"seqs\": %d, \"depth\": %d, \"prefill_s\": %.2f, "
-                        "\"host_ms\": %.4f, \"step_ms\": %.4f, \"argmax_ms\": %.4f, \"tok_s\": %.2f}\n",
-                        tag.c_str(), kv.c_str(), n_seq, d, prefill_s, median_ms(host), s, p, 1e3 * n_seq / (s + p));
+            std::printf("{\"tag\": \"%s\", \"kv\": \"%s\", \"seqs\": %d, \"depth\": %d, \"sampler_top_k\": %d, "
+                        "\"prefill_s\": %.2f, \"host_ms\": %.4f, \"step_ms\": %.4f, \"argmax_ms\": %.4f, "
+                        "\"tok_s\": %.2f}\n", tag.c_str(), kv.c_str(), n_seq, d, sampler_top_k, prefill_s,
+                        median_ms(host), s, p, 1e3 * n_seq / (s + p));
             std::fflush(stdout);
         }
         llama_batch_free(batch);
+        for (int q = 0; q < (int) chains.size(); q++) llama_set_sampler(ctx, q, nullptr);
         llama_free(ctx);
+        for (llama_sampler * c : chains) llama_sampler_free(c);
     }
     llama_model_free(model);
     return 0;

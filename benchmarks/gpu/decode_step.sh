@@ -9,7 +9,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=$(readlink -f "$RUNTIME_BIN")
 P=$(basename "$(dirname "$(dirname "$BIN")")")  # .../llama.cpp-V-cuda-pH/build/bin -> its tree src/llama.cpp-V-pH
 TREE=${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}/src/$(echo "$P" | sed -E "s/-(cuda|cpu)-p/-p/")
-X=${WORK:-/tmp}/decode_step-$P
+# keyed by the source too: a warm machine keeps $WORK, and a changed decode_step.cpp must not run the old binary
+X=${WORK:-/tmp}/decode_step-$P-$(sha1sum "$HERE/decode_step.cpp" | cut -c1-8)
 [ -x "$X" ] || g++ -O2 -std=c++17 "$HERE/decode_step.cpp" -I"$TREE/include" -I"$TREE/ggml/include" -L"$BIN" -lllama \
   -lggml-base -Wl,-rpath,"$BIN" -ldl -o "$X" || exit 1
 [ "${1:-}" = ncu ] || exec "$X" "$@"
