@@ -23,6 +23,10 @@
 #                (backend_sampling = false: the runtime's default, the issue's before-table); $OUT/concurrency-host/*
 #   bench-b512   `bench` with server.batch = 512 (prefill in one-ubatch chunks: a stream already decoding waits for
 #                one 512-token step per chunk of another stream's prompt instead of 2048); $OUT/concurrency-b512/*
+#   bench-b8192  the other way: server.batch = 8192, so that prompts arriving together are prefilled in one or two
+#                server iterations and their streams then decode in step (measured 2026-12-02: the three streams
+#                prefilled first decode at ~56 tok/s while the other five prompts prefill, 86-91 once all decode;
+#                the first arrivals' TTFT grows); $OUT/concurrency-b8192/*
 #   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
 #   where        the step at 1, 2, 4, 8, 16 sequences taken apart, no server (decode_step.cpp): time in llama_decode
@@ -70,6 +74,8 @@ printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\
 # prefill step of another stream's prompt (server.batch 2048 -> 512)
 printf 'base = "h200"\nname = "h200-q8kv-b512"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 512\n' \
   > $R/h200-q8kv-b512.toml
+printf 'base = "h200"\nname = "h200-q8kv-b8192"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 8192\n' \
+  > $R/h200-q8kv-b8192.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
 # the Hopper decode kernels off: the series' MoE mat-vecs (0017), thin F32 (0018) and crossover row (0019), and the
 # candidates' multi-column mat-vec (0020) and two-pass top-k (0021); i.e. the pinned kernels (MOE_SHAPED=0 turns the
@@ -102,9 +108,10 @@ bench)
 bench-host)
   timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-host 2>&1 | tail -20 ;;
-bench-b512)
-  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-b512.toml --concurrency 1,2,4,8 --repeats 3 \
-    --prompt-lengths 1k -n 128 -o $O/concurrency-b512 2>&1 | tail -20 ;;
+bench-b512|bench-b8192)
+  b=${step#bench-}
+  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-$b.toml --concurrency 1,2,4,8 --repeats 3 \
+    --prompt-lengths 1k -n 128 -o $O/concurrency-$b 2>&1 | tail -20 ;;
 bench-draft)
   timeout 300 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
     --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
@@ -199,7 +206,7 @@ profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
 *) echo "streams: unknown step $step (all build build-target timing timing-kvu where sampler-split kernels bench bench-off
-   bench-host bench-b512 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-series cand-timing
+   bench-host bench-b512 bench-b8192 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-series cand-timing
    cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
