@@ -46,12 +46,14 @@
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
 # With STREAMS_CANDIDATES=1 (device.sh: the runtime is the series and then benchmarks/gpu/candidates/*.patch, with
 # test-backend-ops and its decode perf cases; the candidates' kernel table moe-kernel.txt and the target file are
-# made during the build) five more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
+# made during the build) six more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
 # build is the series (before) and the series with the candidates (after):
 #   eval         test-backend-ops on CUDA0 against the CPU: MUL_MAT_ID, MUL_MAT_VEC_FUSION (fused gate/GLU with
 #                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION with the shaped MoE kernel, TOP_K (0021), MUL_MAT for
 #                the types the crossover row names and F32; $OUT/eval.txt
 #   bench        (above): the series with the candidates on (their defaults)
+#   state-span   candidate 0022's state save (benchmarks/state_span_check.py at 8 x 1k + 128 steps): the bytes
+#                with and without the span copy, and the save times; $OUT/state-span.txt
 #   bench-series `bench` with the candidates off, the series as shipped (the before of a candidate);
 #                $OUT/concurrency-series/*
 #   cand-timing  the decode step alone (llama-batched-bench) at 1-8 sequences with the Hopper decode kernels off, on,
@@ -77,12 +79,12 @@ printf 'base = "h200"\nname = "h200-q8kv-b512"\n[server]\ncache_type_k = "q8_0"\
 printf 'base = "h200"\nname = "h200-q8kv-b8192"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 8192\n' \
   > $R/h200-q8kv-b8192.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-# the Hopper decode kernels off: the series' MoE mat-vecs (0017), thin F32 (0018) and crossover row (0019), and the
-# candidates' multi-column mat-vec (0020) and two-pass top-k (0021); i.e. the pinned kernels (MOE_SHAPED=0 turns the
-# row-per-warp MoE kernels off too)
-# the candidates alone off (the series as shipped)
-SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_TOPK_TILES=0"
-CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_TOPK_TILES=0"
+# the candidates off (the series as shipped): multi-column mat-vec (0020), two-pass top-k (0021), state-save span
+# copy (0022)
+SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_TOPK_TILES=0 LLAMA_STATE_SPAN_GET=0"
+# and the series' Hopper decode kernels off too: MoE mat-vecs (0017; MOE_SHAPED=0 turns the row-per-warp kernels off
+# too), thin F32 (0018), crossover row (0019); i.e. the pinned kernels
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 $SERIES_ONLY"
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
@@ -168,6 +170,12 @@ eval)
 bench-off)
   env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
+state-span)
+  # candidate 0022: 8 sequences of 1k-token prompts decoded 128 steps together in one pool, then each one's state
+  # saved (what llama-server's idle-slot save does), with one copy per cell range and with the span copy: equal
+  # bytes, and the save times
+  LLAMA_CPP_LIB_PATH=$RUNTIME_BIN timeout 300 python3 benchmarks/state_span_check.py "$(model)" --gpu --seqs 8 \
+    --prompt 1024 --steps 128 2>&1 | tee $O/state-span.txt ;;
 bench-series)
   env $SERIES_ONLY timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
     --repeats 3 --prompt-lengths 1k -n 128 -o $O/concurrency-series 2>&1 | tail -20 ;;
@@ -206,7 +214,7 @@ profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
 *) echo "streams: unknown step $step (all build build-target timing timing-kvu where sampler-split kernels bench bench-off
-   bench-host bench-b512 bench-b8192 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval bench-series cand-timing
+   bench-host bench-b512 bench-b8192 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval state-span bench-series cand-timing
    cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
