@@ -7,7 +7,7 @@
 // Beside them candidate 0021's two-stage top-k (ggml-cuda/top-k-tiles.cuh: a block sorts each 2048-logit tile and
 // keeps k, one block merges the tiles' candidates; k <= 64).
 // Checked: the sort's first index and ArgMax's both equal the host's argmax of the same row; the two-stage top-k
-// gives the host's top-k set for every row at k = 1, 20, 40, 64, and a row of -inf but for 3 values keeps those 3.
+// gives the host's top-k set for every row at k = 1, 16, 20, 40, 64, and a row of -inf but for 3 values keeps those 3.
 //   bash benchmarks/gpu/topk_sort/run.sh TREE [OUT]   (TREE: the pinned llama.cpp tree)
 #include "top-k-tiles.cuh"  // candidate 0021's kernels, from a copy of ggml-cuda with the patch applied (run.sh)
 
@@ -107,9 +107,9 @@ int main(int argc, char ** argv) {
         const int want = (int) (std::max_element(row, row + n) - row);
         ok = ok && got == want && kv.key == want;
     }
-    // the two-stage top-k: the same set of k indices as the sort for every row (k = 1, 20, 40, 64), and ties broken
+    // the two-stage top-k: the same set of k indices as the sort for every row (k = 1, 16, 20, 40, 64), and ties broken
     // by the padding rule: a row of -inf but for 3 finite values keeps those 3 first
-    std::vector<int> ks = {1, 20, 40, 64};
+    std::vector<int> ks = {1, 16, 20, 40, 64};  // each form of the merge (122, 1952, 2440, 4880, 7808 candidates)
     for (int kk : ks) {
         Tiles tl(n, kk, rows);
         int * dk; CK(cudaMalloc(&dk, rows * kk * sizeof(int)));
@@ -119,9 +119,12 @@ int main(int argc, char ** argv) {
         CK(cudaStreamSynchronize(s));
         for (int r = 0; r < rows; r++) {
             const float * row = h.data() + (size_t) r * n;
-            std::vector<int> want(n); for (int i = 0; i < n; i++) want[i] = i;
-            std::partial_sort(want.begin(), want.begin() + kk, want.end(), [&](int a, int b) { return row[a] > row[b]; });
-            std::vector<int> a(got.begin() + (size_t) r * kk, got.begin() + (size_t) (r + 1) * kk), w(want.begin(), want.begin() + kk);
+            std::vector<int> want(n);
+            for (int i = 0; i < n; i++) want[i] = i;
+            std::partial_sort(want.begin(), want.begin() + kk, want.end(),
+                              [&](int a, int b) { return row[a] > row[b]; });
+            std::vector<int> a(got.begin() + (size_t) r * kk, got.begin() + (size_t) (r + 1) * kk);
+            std::vector<int> w(want.begin(), want.begin() + kk);
             std::sort(a.begin(), a.end()); std::sort(w.begin(), w.end());
             ok = ok && a == w;
         }
@@ -140,7 +143,9 @@ int main(int argc, char ** argv) {
     std::printf("# %s, CCCL %d.%d.%d; one row = %d logits; us per step, CUDA-graph replay (%s)\n", p.name,
                 CCCL_MAJOR_VERSION, CCCL_MINOR_VERSION, CCCL_PATCH_VERSION, n, ok ? "check ok" : "check FAILED");
     for (int nr : {1, 8}) {
-        const float us_sort = graph_us(s, [&] { for (int r = 0; r < nr; r++) sorts[r]->run(d + (size_t) r * n, dst + r * k, k, s); });
+        const float us_sort = graph_us(s, [&] {
+            for (int r = 0; r < nr; r++) sorts[r]->run(d + (size_t) r * n, dst + r * k, k, s);
+        });
         const float us_arg = graph_us(s, [&] { for (int r = 0; r < nr; r++) args[r]->run(d + (size_t) r * n, s); });
         std::printf("rows %d  argsort fallback (iota + copy + radix sort + copy k) %8.1f us   argmax %6.1f us\n",
                     nr, us_sort, us_arg);
