@@ -39,7 +39,8 @@ def child(a) -> dict:
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     cp = L.llama_context_default_params()
     cp.n_ctx = a.seqs * (a.prompt + a.steps + 64)
-    cp.n_batch = cp.n_ubatch = max(64, a.prompt)
+    cp.n_batch = max(64, a.prompt)  # a prompt in one batch, split into ubatches of at most 512 (the recipes')
+    cp.n_ubatch = min(cp.n_batch, 512)
     cp.n_seq_max, cp.kv_unified = a.seqs, True
     cp.n_threads = cp.n_threads_batch = 2
     ctx = L.llama_init_from_model(model, cp)
