@@ -74,7 +74,6 @@ def test_steady_decode_counts_only_the_window_where_every_stream_decodes():
     assert cc.steady_decode([mk(0, 0.5, 0.9, 5), mk(1, 1.0, 3.0, 11)]) == (None, 0.0)
 
 
-@pytest.mark.slow
 def test_level_row_is_the_median_run():
     runs = [{"aggregate_decode_tok_s": a, "steady_decode_tok_s": a + 1, "ttft_p50_s": a / 100, "streams": 2}
             for a in (300.0, 100.0, 200.0)]
@@ -93,6 +92,7 @@ def test_drafted_text_is_compared_with_the_same_repeat():
         == {"2": False}
 
 
+@pytest.mark.slow
 def test_bench_concurrency_bookkeeping(make_ckpt, tmp_path_factory, tmp_path):
     model = converted(make_ckpt, tmp_path_factory, with_draft=True)
     dest = tmp_path / "b"
