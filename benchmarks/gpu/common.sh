@@ -10,3 +10,17 @@ use_carried_exllamav3_ext() {
     export PYTHONPATH=$WORK/extmod${PYTHONPATH:+:$PYTHONPATH}
   fi
 }
+
+# The compute capability of the first GPU as nvcc's -arch number (90 on an H200), for the kernel harnesses.
+gpu_arch() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .; }
+
+# The ggml folder a kernel harness compiles against: TREE's own when ggml-cuda/FILE shows it already carries the
+# patches, else a copy of TREE's ggml in DIR with PATCH... applied in order (no runtime build).
+patched_ggml() {  # DIR TREE FILE PATCH...
+  local dir=$1 tree=$2 file=$3 p
+  shift 3
+  if [ -f "$tree/ggml/src/ggml-cuda/$file" ]; then echo "$tree/ggml"; return 0; fi
+  cp -r "$tree/ggml" "$dir/ggml"
+  for p in "$@"; do patch -p1 --batch --quiet -d "$dir" < "$p" >&2 || return 1; done
+  echo "$dir/ggml"
+}

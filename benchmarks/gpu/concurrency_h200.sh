@@ -87,6 +87,14 @@ SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_TOPK_TILES=0 LLAMA_STATE_SPAN_GET=0
 CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 $SERIES_ONLY"
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
+# the issue's served measurement on recipe RECIPE into $O/OUT, with the variables VAR=VALUE set (a kernel off):
+# bench --concurrency 1,2,4,8 --repeats 3, 1k-token prompts, 128 tokens per stream
+cbench() {  # RECIPE OUT [VAR=VALUE...]
+  local recipe=$1 out=$2
+  shift 2
+  env "$@" timeout 240 python3 -m ggufbridge bench $D --recipe $R/$recipe.toml --concurrency 1,2,4,8 --repeats 3 \
+    --prompt-lengths 1k -n 128 -o $O/$out 2>&1 | tail -20
+}
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
 Q=${STREAMS_QUANT:-hq3m}; D=$S/$Q
 model() { echo $D/target.gguf; }
@@ -104,16 +112,9 @@ timing)
 timing-kvu)
   timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only --extra="-ctk q8_0 -ctv q8_0 -kvu" \
     --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-kvu.json 2>&1 | tail -20 ;;
-bench)
-  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
-    --prompt-lengths 1k -n 128 -o $O/concurrency 2>&1 | tail -20 ;;
-bench-host)
-  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-host.toml --concurrency 1,2,4,8 --repeats 3 \
-    --prompt-lengths 1k -n 128 -o $O/concurrency-host 2>&1 | tail -20 ;;
-bench-b512|bench-b8192)
-  b=${step#bench-}
-  timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv-$b.toml --concurrency 1,2,4,8 --repeats 3 \
-    --prompt-lengths 1k -n 128 -o $O/concurrency-$b 2>&1 | tail -20 ;;
+bench) cbench h200-q8kv concurrency ;;
+bench-host) cbench h200-q8kv-host concurrency-host ;;
+bench-b512|bench-b8192) cbench h200-q8kv-${step#bench-} concurrency-${step#bench-} ;;
 bench-draft)
   timeout 300 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
     --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
@@ -167,18 +168,14 @@ eval)
     echo "# MUL_MAT (the crossover row's types, F32)"
     tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
   } | tee $O/eval.txt ;;
-bench-off)
-  env $CAND_OFF timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 --repeats 3 \
-    --prompt-lengths 1k -n 128 -o $O/concurrency-off 2>&1 | tail -20 ;;
+bench-off) cbench h200-q8kv concurrency-off $CAND_OFF ;;
 state-span)
   # candidate 0022: 8 sequences of 1k-token prompts decoded 128 steps together in one pool, then each one's state
   # saved (what llama-server's idle-slot save does), with one copy per cell range and with the span copy: equal
   # bytes, and the save times
   LLAMA_CPP_LIB_PATH=$RUNTIME_BIN timeout 300 python3 benchmarks/state_span_check.py "$(model)" --gpu --seqs 8 \
     --prompt 1024 --steps 128 2>&1 | tee $O/state-span.txt ;;
-bench-series)
-  env $SERIES_ONLY timeout 240 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,2,4,8 \
-    --repeats 3 --prompt-lengths 1k -n 128 -o $O/concurrency-series 2>&1 | tail -20 ;;
+bench-series) cbench h200-q8kv concurrency-series $SERIES_ONLY ;;
 cand-timing)
   # the decode step alone (llama-batched-bench, no server) at 1, 2, 4, 8 sequences with the Hopper decode kernels
   # (series patches 0017-0019 and the candidates) off, all on, the MoE kernels alone (row-per-warp and shaped), the

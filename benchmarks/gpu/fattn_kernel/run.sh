@@ -7,6 +7,6 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); TREE=$1; O=${2:-/tmp}
 B=$(mktemp -d)
 cp "$TREE/ggml/src/ggml-cuda/fattn-mma-q.cuh" "$HERE/shim/common.cuh" "$B/"
-ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-nvcc -O3 -std=c++17 -arch=sm_$ARCH -I"$B" -I"$TREE/ggml/include" "$HERE/harness.cu" -o "$B/harness"
+. "$HERE/../common.sh"
+nvcc -O3 -std=c++17 -arch=sm_$(gpu_arch) -I"$B" -I"$TREE/ggml/include" "$HERE/harness.cu" -o "$B/harness"
 "$B/harness" | tee "$O/fattn-kernel.txt"

@@ -8,16 +8,11 @@
 #   bash benchmarks/gpu/moe_kernel/run.sh TREE [OUT]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); TREE=$1; O=${2:-/tmp}
+. "$HERE/../common.sh"
 B=$(mktemp -d)
-if [ -f "$TREE/ggml/src/ggml-cuda/mmvq-cols.cuh" ]; then
-  G=$TREE/ggml
-else  # the kernels' patches (series 0017: MoE shaped and row-per-warp; candidate 0020: dense multi-column) on a copy
-  cp -r "$TREE/ggml" "$B/ggml"
-  for c in "$HERE"/../../../patches/llama.cpp/0017-*.patch "$HERE"/../candidates/0020-*.patch; do
-    patch -p1 --batch --quiet -d "$B" < "$c"
-  done
-  G=$B/ggml
-fi
+# the kernels' patches (series 0017: MoE shaped and row-per-warp; candidate 0020: dense multi-column)
+G=$(patched_ggml "$B" "$TREE" mmvq-cols.cuh "$HERE"/../../../patches/llama.cpp/0017-*.patch \
+    "$HERE"/../candidates/0020-*.patch)
 # the stock kernel beside the shapes: mul_mat_vec_q_moe and the constexpr helpers it uses, cut from the tree's own
 # mmvq.cu (everything before its first host function, get_mmvq_mmid_max_batch_for_device, the kernel; not its
 # mmvq.cuh include, which has no include guard); without them the table has the shapes only
@@ -30,8 +25,7 @@ awk '/^int get_mmvq_mmid_max_batch\(/ { p1 = 1 }
      p3 && /^template<ggml_type type>$/ { p3 = 0 }
      p3 { print }' "$G/src/ggml-cuda/mmvq.cu" > "$B/stock-moe.cuh"
 grep -q "static __global__ void mul_mat_vec_q_moe(" "$B/stock-moe.cuh" && STOCK=(-DMOE_STOCK -I"$B")
-ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-nvcc -O3 -std=c++17 -arch=sm_$ARCH -Xptxas -v "${STOCK[@]}" -I"$G/src/ggml-cuda" -I"$G/include" -I"$G/src" \
+nvcc -O3 -std=c++17 -arch=sm_$(gpu_arch) -Xptxas -v "${STOCK[@]}" -I"$G/src/ggml-cuda" -I"$G/include" -I"$G/src" \
   "$HERE/harness.cu" -o "$B/harness" > "$O/moe-kernel-build.log" 2>&1 || { tail -20 "$O/moe-kernel-build.log"; exit 1; }
 # registers and spills of each shape (ptxas), then the table
 awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n) }
