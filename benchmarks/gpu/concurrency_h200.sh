@@ -35,6 +35,8 @@
 #   sampler-split the step alone without and with llama-server's sampler chain in the graph (top_k 1 and 40) at
 #                1-8 sequences, and its kernels by name at 8 (ncu): the GPU's part of the served step's excess
 #                ($OUT/step-sampler.jsonl, $OUT/step-sampler-kernels.txt)
+#   kernel-logits the Hopper decode kernels on and off ($CAND_OFF) on the same inputs at 2, 4, 8 sequences: KL, top-1
+#                and the largest logit difference (decode_step --logits-out, logits_compare.py); $OUT/kernel-logits.txt
 #   kernels      the same kernel split on a 4-layer proxy (quick to write and to profile; $OUT/step-proxy4-kernels.txt)
 #                and test-backend-ops' MoE mat-vec timings at 1, 4, 8 tokens
 #   crossover    MMVQ against MMQ at the model's shapes, 1-9 and 16 columns (test-backend-ops perf with the cases of
@@ -138,6 +140,16 @@ sampler-split)
     bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8 --sampler-top-k $k --tag sampler | tee -a $O/step-sampler.jsonl
   done
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 8" "--seqs 8 --sampler-top-k 40" -- $M | tee $O/step-sampler-kernels.txt ;;
+kernel-logits)
+  # the Hopper decode kernels against the pinned ones on the same inputs: decode_step at 2, 4 and 8 sequences (8
+  # timed steps of fixed random tokens after 1k-token prompts) once with $CAND_OFF and once as built, every logit
+  # kept and compared (KL, top-1, largest difference); $OUT/kernel-logits.txt
+  M="-m $(model) --kv q8_0 --depths 1024 --slots 8 --ctx 1280 --steps 8"
+  for n in 2 4 8; do
+    env $CAND_OFF bash benchmarks/gpu/decode_step.sh $M --seqs $n --logits-out $WORK/logits-off-$n.bin > /dev/null
+    bash benchmarks/gpu/decode_step.sh $M --seqs $n --logits-out $WORK/logits-on-$n.bin > /dev/null
+    python3 benchmarks/gpu/logits_compare.py $WORK/logits-off-$n.bin $WORK/logits-on-$n.bin "$n sequences, off -> on"
+  done | tee $O/kernel-logits.txt ;;
 kernels)
   # the step's kernels by name at 1 and 8 sequences on a 4-layer proxy (3 gated delta-net + 1 attention layer at
   # the real widths: a tenth of the model's layers, the whole output head), quick to write and to profile; and
@@ -210,7 +222,7 @@ cand-perf)
 profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
-*) echo "streams: unknown step $step (all build build-target timing timing-kvu where sampler-split kernels bench bench-off
+*) echo "streams: unknown step $step (all build build-target timing timing-kvu where sampler-split kernel-logits kernels bench bench-off
    bench-host bench-b512 bench-b8192 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval state-span bench-series cand-timing
    cand-perf)" >&2
    exit 2 ;;

@@ -15,17 +15,22 @@
 // from llama_get_sampled_token_ith: step_ms then holds the sampling the server's `backend_sampling` adds to the GPU
 // step, and argmax_ms is the read of the sampled token. Set against a run without it, this splits the served step's
 // extra time into the GPU's part and the server thread's (issue 28).
+// With --logits-out FILE (one --seqs value, one depth, no sampler) the timed steps feed fixed random tokens instead of
+// the greedy ones and the logits of every sequence at each of them go to FILE (int32 n_seq, n_vocab, n_steps, then
+// n_steps x n_seq x n_vocab float32): two runs of one build, a kernel on and off through its variable, then compare
+// logit for logit on the same inputs (benchmarks/gpu/logits_compare.py).
 // With --cuda-range the timed steps sit between cuProfilerStart/Stop, so `ncu --profile-from-start off` sees those
 // kernels only (the prefill is not profiled). One JSON object per (N, depth) on stdout.
 //
 //   decode_step -m MODEL [--kv q8_0] [--depths 1024,262144] [--seqs 1,8] [--ctx 262144] [--slots 4] [--steps 24]
-//               [--sampler-top-k K] [--cuda-range] [--tag T]
+//               [--sampler-top-k K] [--logits-out FILE] [--cuda-range] [--tag T]
 #include "llama.h"
 
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -54,7 +59,7 @@ static double now() {
 }
 
 int main(int argc, char ** argv) {
-    std::string model_path, kv = "q8_0", tag;
+    std::string model_path, kv = "q8_0", tag, logits_path;
     std::vector<int> depths = {1024, 32768, 131072, 262144}, seqs = {1};
     int ctx_per_slot = 262144, slots = 4, steps = 24, sampler_top_k = -1;
     bool cuda_range = false;
@@ -72,6 +77,7 @@ int main(int argc, char ** argv) {
         else if (a == "--slots") slots = std::atoi(next());
         else if (a == "--steps") steps = std::atoi(next());
         else if (a == "--sampler-top-k") sampler_top_k = std::atoi(next());
+        else if (a == "--logits-out") logits_path = next();
         else if (a == "--cuda-range") cuda_range = true;
         else if (a == "--tag") tag = next();
         else { std::fprintf(stderr, "decode_step: unknown argument %s\n", a.c_str()); return 2; }
@@ -80,6 +86,10 @@ int main(int argc, char ** argv) {
                                                                                                       : GGML_TYPE_COUNT;
     if (model_path.empty() || type_kv == GGML_TYPE_COUNT || depths.empty() || seqs.empty() || steps < 1) {
         std::fprintf(stderr, "usage: decode_step -m MODEL [--kv f16|q8_0|q4_0] [--depths D,...] [--seqs N,...]\n");
+        return 2;
+    }
+    if (!logits_path.empty() && (seqs.size() != 1 || depths.size() != 1 || sampler_top_k >= 0)) {
+        std::fprintf(stderr, "decode_step: --logits-out takes one --seqs value, one depth and no --sampler-top-k\n");
         return 2;
     }
     // the CUDA driver's profiler range (ncu honours it; the driver library is always shared, while ggml-cuda may
@@ -168,6 +178,9 @@ int main(int argc, char ** argv) {
             llama_synchronize(ctx);
             const double prefill_s = now() - t_pf;
             std::vector<double> host, step, pick;
+            // --logits-out: a header, then each timed step's logits (the vector starts with the header's 3 words)
+            std::vector<float> logits;
+            if (!logits_path.empty()) logits.resize(3);
             auto one = [&](bool keep) {
                 batch.n_tokens = 0;
                 for (int q = 0; q < n_seq; q++) add(toks[q], q, n_past[q], true);
@@ -181,7 +194,12 @@ int main(int argc, char ** argv) {
                         toks[q] = llama_get_sampled_token_ith(ctx, q);
                     } else {
                         const float * lg = llama_get_logits_ith(ctx, q);
-                        toks[q] = (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
+                        if (keep && !logits.empty()) {
+                            logits.insert(logits.end(), lg, lg + n_vocab);
+                            toks[q] = tok_dist(rng);  // the same inputs in every run, whatever the logits
+                        } else {
+                            toks[q] = (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
+                        }
                     }
                     n_past[q]++;
                 }
@@ -192,6 +210,18 @@ int main(int argc, char ** argv) {
             if (prof_start) prof_start();
             for (int i = 0; i < steps; i++) one(true);
             if (prof_stop) prof_stop();
+            if (!logits.empty()) {
+                const int32_t head[3] = {n_seq, n_vocab, steps};
+                std::memcpy(logits.data(), head, sizeof(head));
+                const std::string tmp = logits_path + ".tmp";
+                FILE * f = std::fopen(tmp.c_str(), "wb");
+                const bool ok = f && std::fwrite(logits.data(), sizeof(float), logits.size(), f) == logits.size();
+                if (f) std::fclose(f);
+                if (!ok || std::rename(tmp.c_str(), logits_path.c_str()) != 0) {
+                    std::fprintf(stderr, "decode_step: cannot write %s\n", logits_path.c_str());
+                    return 1;
+                }
+            }
             const double s = median_ms(step), p = median_ms(pick);
             std::printf("{\"tag\": \"%s\", \"kv\": \"%s\", \"seqs\": %d, \"depth\": %d, \"sampler_top_k\": %d, "
                         "\"prefill_s\": %.2f, \"host_ms\": %.4f, \"step_ms\": %.4f, \"argmax_ms\": %.4f, "
