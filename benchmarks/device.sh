@@ -32,7 +32,7 @@
 #   streams STEP...               many clients at once: bench --concurrency and a decode-step profile
 #                                 (concurrency_h200.sh: build bench profile)
 #   topk-sort                     one sequence's top-k over the vocabulary as ggml-cuda runs it with CCCL < 3.2 (a full
-#                                 radix argsort) beside an argmax and candidate 0021's two passes, 1 and 8 rows
+#                                 radix argsort) beside an argmax and series patch 0020's two passes, 1 and 8 rows
 #                                 (benchmarks/gpu/topk_sort; no runtime build, ~1 min)
 #   moe-kernel                    the shaped multi-token MoE mat-vec alone (benchmarks/gpu/moe_kernel; no runtime
 #                                 build: the pinned sources' headers and nvcc, ~1 min)
@@ -213,6 +213,7 @@ case $job in
   # (the build takes ~5 min: the candidates' own kernel table and the target file are made beside it, then waited for;
   # MOE_KERNEL=0 leaves the table out, e.g. when docs/moe-kernel-h200.txt already has this tree's)
   streams) a=(--target llama-batched-bench)
+           case " $* " in *" eval"*) a+=(--tests);; esac  # eval, eval-fa: test-backend-ops
            if [ "${STREAMS_CANDIDATES:-0}" = 1 ]; then
              a+=(--tests --with-patch benchmarks/gpu/test-backend-ops-qwen35-decode-perf.patch)
              for f in benchmarks/gpu/candidates/[0-9]*.patch; do a+=(--with-patch "$f"); done

@@ -1,4 +1,4 @@
-"""Candidate 0022 (`llama-context-state-save-span-copy`) checked and timed: how a sequence's state is saved once it
+"""Series patch 0021 (`llama-context-state-save-span-copy`) checked and timed: how a sequence's state is saved once it
 has decoded beside others in one unified KV pool, as llama-server's slots do.
 
 N sequences get a prompt each, then decode together one token per step, so each sequence's cells interleave with the
@@ -11,8 +11,7 @@ On the CPU backend a "device copy" is a memcpy, so only the equality says someth
     LLAMA_CPP_LIB_PATH=BIN_DIR .venv/bin/python benchmarks/state_span_check.py MODEL.gguf [--seqs 4] [--prompt 32]
         [--steps 64] [--gpu]
 
-BIN_DIR: a runtime built with the candidate (`scripts/build_runtime.sh --with-patch
-benchmarks/gpu/candidates/0022-*.patch`); exit 1 if the bytes differ, 2 on bad arguments.
+BIN_DIR: a runtime of the series (scripts/build_runtime.sh); exit 1 if the bytes differ, 2 on bad arguments.
 """
 
 from __future__ import annotations

@@ -153,7 +153,10 @@ def test_planned_compute_covers_every_slot(tmp_path, draft):
         host = plan.pools[-1]
         planned[slots] = host.use["compute"] / MIB
         port = sv.free_port()
-        argv = [str(rt.tool("llama-server")), "-m", str(target), *plan.context_args(), "-b", "2048", "-ub", "512",
+        # -b as serve gives it: 2048 for one slot, up to 8192 for several (memory.SLOT_BATCH; the compute buffers
+        # must not grow with it)
+        argv = [str(rt.tool("llama-server")), "-m", str(target), *plan.context_args(),
+                "-b", str(plan.server_batch(2048)), "-ub", "512",
                 "--fit", "off", "--no-warmup", "-lv", "4", "--host", "127.0.0.1", "--port", str(port)]
         if draft:
             argv += ["-md", str(dr), "--spec-type", "draft-dspark", "--spec-draft-n-max", "4"]

@@ -66,6 +66,17 @@ def test_server_arguments_give_every_slot_its_context(real):
     assert d["slots"] == 3 and d["kv_cells"] == 15_360 and d["server_context_args"][:4] == ["-c", "15360", "-np", "3"]
 
 
+def test_several_slots_get_a_batch_that_holds_their_prompts_together(real):
+    """-b with several slots: room for pl.SLOT_BATCH prompt tokens a slot (prompts arriving together are prefilled in
+    one server iteration, so their streams decode in step), capped at pl.SLOTS_BATCH_MAX; a larger recipe batch
+    stays; one slot keeps the recipe's."""
+    recipe = load_recipe("cpu")
+    plans = {n: pl.make_plan(with_weights(real, 8), recipe, ctx=4096, slots=n) for n in (1, 2, 8, 16)}
+    assert [plans[n].server_batch(2048) for n in (1, 2, 8, 16)] == [2048, 2048, 8192, 8192]
+    assert plans[1].server_batch(512) == 512 and plans[2].server_batch(512) == 2 * pl.SLOT_BATCH
+    assert plans[8].server_batch(16384) == 16384
+
+
 def test_the_recipe_context_shrinks_per_slot_before_slots_are_refused(real):
     """rtx4090 with a 17.5 GiB file holds the whole 262,144-token context for one slot; for eight slots the
     planner halves every slot's context until they fit (never below server.min_ctx)."""

@@ -65,6 +65,8 @@ def test_dry_run(model_dir, name, draft):
         assert int(_flag(argv, "-c")) == slots * per_slot and "--kv-unified" in argv
         assert int(_flag(argv, "--kv-unified-per-slot")) == per_slot
     assert f"slots: {slots} x {expected_ctx:,} tokens of context" in out
+    # -b: the recipe's, raised with several slots so that prompts arriving together prefill in one iteration
+    assert int(_flag(argv, "-b")) == (srv["batch"] if slots == 1 else max(srv["batch"], min(8192, slots * 1024)))
     assert (_flag(argv, "-ctk"), _flag(argv, "-ctv"), _flag(argv, "-fa")) == \
         (srv["cache_type_k"], srv["cache_type_v"], srv["flash_attn"])
     assert (_flag(argv, "-np"), _flag(argv, "--host"), _flag(argv, "--port")) == (str(slots), "127.0.0.1", "8099")

@@ -51,10 +51,10 @@
 # made during the build) six more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
 # build is the series (before) and the series with the candidates (after):
 #   eval         test-backend-ops on CUDA0 against the CPU: MUL_MAT_ID, MUL_MAT_VEC_FUSION (fused gate/GLU with
-#                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION with the shaped MoE kernel, TOP_K (0021), MUL_MAT for
+#                expert ids, 2-8 tokens), MUL_MAT_ID_FUSION with the shaped MoE kernel, TOP_K (0020), MUL_MAT for
 #                the types the crossover row names and F32; $OUT/eval.txt
 #   bench        (above): the series with the candidates on (their defaults)
-#   state-span   candidate 0022's state save (benchmarks/state_span_check.py at 8 x 1k + 128 steps): the bytes
+#   state-span   series patch 0021's state save (benchmarks/state_span_check.py at 8 x 1k + 128 steps): the bytes
 #                with and without the span copy, and the save times; $OUT/state-span.txt
 #   bench-series `bench` with the candidates off, the series as shipped (the before of a candidate);
 #                $OUT/concurrency-series/*
@@ -80,13 +80,19 @@ printf 'base = "h200"\nname = "h200-q8kv-b512"\n[server]\ncache_type_k = "q8_0"\
   > $R/h200-q8kv-b512.toml
 printf 'base = "h200"\nname = "h200-q8kv-b8192"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 8192\n' \
   > $R/h200-q8kv-b8192.toml
+# the 19-patch series' served configuration: -b 2048 whatever the slots (the planner now gives 8 slots -b 8192;
+# extra_args come last, so this -b wins)
+printf 'base = "h200"\nname = "h200-q8kv-b2048"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nextra_args = ["-b", "2048"]\n' \
+  > $R/h200-q8kv-b2048.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-# the candidates off (the series as shipped): multi-column mat-vec (0020), two-pass top-k (0021), state-save span
-# copy (0022)
-SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_TOPK_TILES=0 LLAMA_STATE_SPAN_GET=0"
+# the candidates off (the series as shipped): multi-column mat-vec (candidate 0023)
+SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0"
+# the series' issue-28 work after the 19-patch series off: two-pass top-k (0020), state-save span copy (0021), tile
+# skip in the quantized flash attention (0022)
+NEW_OFF="GGML_CUDA_TOPK_TILES=0 LLAMA_STATE_SPAN_GET=0 GGML_CUDA_FA_MMA_Q_TILE_SKIP=0"
 # and the series' Hopper decode kernels off too: MoE mat-vecs (0017; MOE_SHAPED=0 turns the row-per-warp kernels off
 # too), thin F32 (0018), crossover row (0019); i.e. the pinned kernels
-CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 $SERIES_ONLY"
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 $NEW_OFF $SERIES_ONLY"
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 # the issue's served measurement on recipe RECIPE into $O/OUT, with the variables VAR=VALUE set (a kernel off):
@@ -175,14 +181,23 @@ eval)
     for op in MUL_MAT_ID MUL_MAT_VEC_FUSION MUL_MAT_ID_FUSION; do
       tbo 120 -o $op -b CUDA0 | grep -E "FAIL|tests passed|Backend CUDA0: "
     done
-    echo "# TOP_K (candidate 0021: rows of up to 2^19 + 11 values, ties)"
+    echo "# TOP_K (series patch 0020: rows of up to 2^19 + 11 values, ties)"
     tbo 120 -o TOP_K -b CUDA0 | grep -E "FAIL|tests passed"
     echo "# MUL_MAT (the crossover row's types, F32)"
     tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
   } | tee $O/eval.txt ;;
 bench-off) cbench h200-q8kv concurrency-off $CAND_OFF ;;
+bench-before)
+  # the 19-patch series as it was served: its kernels, -b 2048 (the "before" of the issue's table, same build)
+  cbench h200-q8kv-b2048 concurrency-before $NEW_OFF $SERIES_ONLY ;;
+eval-fa)
+  # the quantized flash attention with the tile skip (0022) against the CPU: the unified-pool masks (n_seq=) and
+  # every q8_0 / q4_0 K/V case
+  { tbo 90 -o FLASH_ATTN_EXT -b CUDA0 -p "n_seq=" | grep -E "FAIL|tests passed"
+    tbo 150 -o FLASH_ATTN_EXT -b CUDA0 -p "type_K=q(8_0|4_0)" | grep -E "FAIL|tests passed"
+    tbo 90 -o TOP_K -b CUDA0 | grep -E "FAIL|tests passed"; } | tee $O/eval-fa.txt ;;
 state-span)
-  # candidate 0022: 8 sequences of 1k-token prompts decoded 128 steps together in one pool, then each one's state
+  # series patch 0021: 8 sequences of 1k-token prompts decoded 128 steps together in one pool, then each one's state
   # saved (what llama-server's idle-slot save does), with one copy per cell range and with the span copy: equal
   # bytes, and the save times
   LLAMA_CPP_LIB_PATH=$RUNTIME_BIN timeout 300 python3 benchmarks/state_span_check.py "$(model)" --gpu --seqs 8 \

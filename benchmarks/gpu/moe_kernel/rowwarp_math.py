@@ -1,5 +1,5 @@
 """The integer work of one row of the row-per-warp kernels (ggml-cuda/mmvq-moe-rowwarp.cuh of series patch 0017, Q3_K
-Q4_K and Q8_0; ggml-cuda/mmvq-cols.cuh of candidate 0020, Q6_K, and Q4_K with the MoE kernel's lanes), lane by lane, in
+Q4_K and Q8_0; ggml-cuda/mmvq-cols.cuh of candidate 0023, Q6_K, and Q4_K with the MoE kernel's lanes), lane by lane, in
 Python, against gguf-py's own dequantization: checks the lane -> (super-block, quarter) mapping, the activation
 indices, the sub-block scale (and Q4_K min) decoding and the Q3_K minus-4 taken from the activations' byte sum,
 before the kernels meet a GPU (the CUDA code itself is checked by harness.cu and test-backend-ops on the device).
