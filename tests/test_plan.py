@@ -275,6 +275,9 @@ def test_wrong_files_are_refused(tmp_path):
     with pytest.raises(PlanError, match="expected general.architecture qwen35moe, found 'dflash'"):
         pl.target_from_gguf(d)
     assert pl.draft_from_gguf(d).block_size == 4
+    # the layers whose inputs it reads (the output buffer the planner counts per -b token)
+    write_dspark(d, target_layers=(1, 2, 3))
+    assert pl.draft_from_gguf(d).target_layers == 3
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf at all" * 10)
     with pytest.raises(PlanError, match="not a readable GGUF"):

@@ -77,6 +77,24 @@ def test_several_slots_get_a_batch_that_holds_their_prompts_together(real):
     assert plans[8].server_batch(16384) == 16384
 
 
+def test_the_drafts_target_hidden_states_follow_the_slots_batch(real):
+    """With a draft the target keeps the inputs of the draft's target layers for -b tokens, F32, in host memory:
+    4 bytes x n_embd x -b x layers, so 8 slots (-b 8192) hold four times what one slot (-b 2048) holds."""
+    import dataclasses
+
+    recipe = load_recipe("h200")
+    target = with_weights(real, 20)
+    draft = dataclasses.replace(REAL_DRAFT, target_layers=5)
+    host = lambda p: next(x for x in p.pools if x.name == "host")  # noqa: E731
+    plans = {n: pl.evaluate(target, recipe, ctx=8192, ngl=41, n_cpu_moe=0, draft=draft, slots=n) for n in (1, 8)}
+    per_batch_token = 4 * 2048 * 5  # n_embd 2048 (the published config), 5 target layers
+    assert [plans[n].figures["draft_target_hidden"] for n in (1, 8)] == [2048 * per_batch_token,
+                                                                          8192 * per_batch_token]
+    assert host(plans[8]).use["draft"] - host(plans[1]).use["draft"] == (8192 - 2048) * per_batch_token
+    none = pl.evaluate(target, recipe, ctx=8192, ngl=41, n_cpu_moe=0, draft=REAL_DRAFT, slots=8)
+    assert none.figures["draft_target_hidden"] == 0  # a draft shape without its target_layers key
+
+
 def test_the_recipe_context_shrinks_per_slot_before_slots_are_refused(real):
     """rtx4090 with a 17.5 GiB file holds the whole 262,144-token context for one slot; for eight slots the
     planner halves every slot's context until they fit (never below server.min_ctx)."""

@@ -30,7 +30,8 @@ Model of the pinned runtime (llama.cpp 0c1e57098), each rule with its source:
   Several slots add `2 · slots · (1 + n_rs_seq)` copies of one recurrent layer's state (the reserved graph gathers
   every slot's state and snapshots; measured on CPU at the real recurrent shapes, tests/test_plan_runtime.py: the
   runtime's growth from one slot stays under it), and the draft's compute buffer is its own mask,
-  `2 · ubatch · cells`.
+  `2 · ubatch · cells`. With a draft, the target's output buffer (host memory, pinned on a GPU: src/llama-context.cpp:
+  2194-2200) keeps the inputs of the draft's target layers for -b tokens: `4 · n_embd · batch · target_layers`.
 * -ngl N offloads the last N blocks, the output head too when N > n_layer; token_embd stays on the host;
   --n-cpu-moe N keeps the routed experts of blocks 0..N-1 in host memory; RPC devices come first in the device
   list (src/llama.cpp:275) and layers are split over devices in order, proportionally to --tensor-split.
@@ -61,9 +62,15 @@ CTX_CHECKPOINTS = 32  # llama-server's --ctx-checkpoints default: recurrent-stat
 # "Prompts that arrive together"): 8 streams of 1k-token prompts, sum of per-stream decode rates 2.96x one stream
 # at -b 2048, 3.69x at -b 8192, TTFT p50 unchanged (3.40 / 3.34 s). The cap bounds how long one long prompt's
 # iteration holds up the decoding slots (a whole iteration's prompt tokens are prefilled before their next token).
-# Memory: the compute buffers follow -ub, not -b (src/llama-context.cpp:637, 682: graph_reserve of n_ubatch tokens).
+# Memory: the compute buffers follow -ub, not -b (src/llama-context.cpp:629, 674: graph_reserve of n_ubatch tokens).
 SLOT_BATCH = 1024
 SLOTS_BATCH_MAX = 8192
+
+
+def served_batch(batch: int, slots: int) -> int:
+    """llama-server's -b for the recipe's `batch`: as it is with one slot; with several, room for SLOT_BATCH prompt
+    tokens per slot, capped at SLOTS_BATCH_MAX (why: above)."""
+    return batch if slots == 1 else max(batch, min(SLOTS_BATCH_MAX, slots * SLOT_BATCH))
 EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch)?exps\.")
 BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
@@ -198,6 +205,7 @@ class DraftShape:
     value_length: int
     weight_bytes: int = 0
     block_size: int | None = None
+    target_layers: int = 0  # target layers whose inputs the draft reads (its `target_layers` key)
 
     def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> int:
         return self.n_layer * (row_bytes(type_k, self.n_head_kv * self.key_length)
@@ -284,12 +292,14 @@ def draft_from_gguf(path: str | Path) -> DraftShape:
     n_head = int(_need(fields, p + "attention.head_count", path))
     n_embd = int(_need(fields, p + "embedding_length", path))
     bs = draft_value(fields, "block_size", path)  # ours (dflash.*) or upstream's (dspark.*) key
+    layers = draft_value(fields, "target_layers", path)
     return DraftShape(
         n_layer=int(_need(fields, p + "block_count", path)),
         n_head_kv=int(fields.get(p + "attention.head_count_kv", n_head)),
         key_length=int(fields.get(p + "attention.key_length", n_embd // n_head)),
         value_length=int(fields.get(p + "attention.value_length", n_embd // n_head)),
-        weight_bytes=sum(b for _, b in tensors), block_size=int(bs) if bs is not None else None)
+        weight_bytes=sum(b for _, b in tensors), block_size=int(bs) if bs is not None else None,
+        target_layers=len(layers) if isinstance(layers, (list, tuple)) or hasattr(layers, "tolist") else 0)
 
 
 def gguf_tensor_bytes(path: str | Path, parts: tuple[Path, ...] = ()) -> int:
@@ -357,9 +367,8 @@ class MemoryPlan:
                 "--kv-unified-per-slot", str(_pad(self.ctx))]
 
     def server_batch(self, batch: int) -> int:
-        """llama-server's -b for the recipe's `batch`: as it is with one slot; with several, room for SLOT_BATCH
-        prompt tokens per slot, capped at SLOTS_BATCH_MAX (why: SLOT_BATCH)."""
-        return batch if self.slots == 1 else max(batch, min(SLOTS_BATCH_MAX, self.slots * SLOT_BATCH))
+        """llama-server's -b for the recipe's `batch` (served_batch)."""
+        return served_batch(batch, self.slots)
 
     def format(self) -> str:
         f = self.figures
@@ -512,8 +521,12 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
         # the draft context has the target's n_ctx: its KV and its attention mask (2 bytes per -ub token and cell,
         # the whole of its compute buffer beside a constant) span the pool
         dpool.use["draft"] += draft.weight_bytes + dkv * cells + 2 * srv["ubatch"] * cells
+        # the target's output buffer keeps the inputs of the layers the draft reads, F32, for -b tokens (in host
+        # memory: src/llama-context.cpp:2151-2154, 2225-2226), so it grows with the slots' -b (served_batch)
+        hidden = 4 * target.n_embd * served_batch(srv["batch"], slots) * draft.target_layers
+        host.use["draft"] += hidden
         figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells,
-                       draft_mask=2 * srv["ubatch"] * cells)
+                       draft_mask=2 * srv["ubatch"] * cells, draft_target_hidden=hidden)
         if draft.block_size is not None and drf["n_max"] > draft.block_size:
             notes.append(f"draft.n_max {drf['n_max']} exceeds the draft's block_size {draft.block_size}; "
                          f"the runtime clamps it")
