@@ -13,7 +13,7 @@
 #                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
 #   timing-kvu   the same with the server's KV layout, one unified pool (-kvu): each query spans every slot's cells
 #                (the server's step beside `timing`'s); $OUT/decode-timing-kvu.json
-#   bench-off    `bench` with the Hopper decode kernels off (series patches 0017-0019 and the candidates, $CAND_OFF):
+#   bench-off    `bench` with the decode kernels of issue 28 off (series patches 0017-0022 and the candidates, $CAND_OFF):
 #                the pinned kernels, the anchor beside `bench` in one build; $OUT/concurrency-off/*
 #   bench        `ggufbridge bench --concurrency 1,2,4,8 --repeats 3` on that file, target only, the h200 recipe as shipped
 #                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the issue's table: one
@@ -26,7 +26,12 @@
 #   bench-b8192  the other way: server.batch = 8192, so that prompts arriving together are prefilled in one or two
 #                server iterations and their streams then decode in step (measured 2026-12-02: the three streams
 #                prefilled first decode at ~56 tok/s while the other five prompts prefill, 86-91 once all decode;
-#                the first arrivals' TTFT grows); $OUT/concurrency-b8192/*
+#                TTFT p50 did not grow); since session 14 `serve` gives 8 slots -b 8192 itself; $OUT/concurrency-b8192/*
+#   bench-before `bench` as the 19-patch series was served: series patches 0020-0022 off, -b 2048 (the before of
+#                the issue's table in the same build); $OUT/concurrency-before/*
+#   bench-noskip `bench` with patch 0022's tile skip off (its served share, same build); $OUT/concurrency-noskip/*
+#   timing-kvu-noskip  `timing-kvu` with the tile skip off; $OUT/decode-timing-kvu-noskip.json
+#   eval-fa      test-backend-ops on CUDA0: FLASH_ATTN_EXT (the unified-pool cases, every q8_0/q4_0 case), TOP_K
 #   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
 #   where        the step at 1, 2, 4, 8, 16 sequences taken apart, no server (decode_step.cpp): time in llama_decode
@@ -187,6 +192,11 @@ eval)
     tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
   } | tee $O/eval.txt ;;
 bench-off) cbench h200-q8kv concurrency-off $CAND_OFF ;;
+bench-noskip) cbench h200-q8kv concurrency-noskip GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 ;;  # 0022's served share, same build
+timing-kvu-noskip)
+  GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
+    --timing-only --extra="-ctk q8_0 -ctv q8_0 -kvu" --timing-npl 1,2,4,8,16 --ntg 64 \
+    --json $O/decode-timing-kvu-noskip.json 2>&1 | tail -20 ;;
 bench-before)
   # the 19-patch series as it was served: its kernels, -b 2048 (the "before" of the issue's table, same build)
   cbench h200-q8kv-b2048 concurrency-before $NEW_OFF $SERIES_ONLY ;;
