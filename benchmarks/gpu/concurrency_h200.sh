@@ -90,8 +90,8 @@ printf 'base = "h200"\nname = "h200-q8kv-b8192"\n[server]\ncache_type_k = "q8_0"
 printf 'base = "h200"\nname = "h200-q8kv-b2048"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nextra_args = ["-b", "2048"]\n' \
   > $R/h200-q8kv-b2048.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-# the candidates off (the series as shipped): multi-column mat-vec (candidate 0023)
-SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0"
+# the candidates off (the series as shipped): multi-column mat-vec (candidate 0023), greedy sampler chain (0024)
+SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0 LLAMA_SAMPLER_GREEDY_CHAIN=0"
 # the series' issue-28 work after the 19-patch series off: two-pass top-k (0020), state-save span copy (0021), tile
 # skip in the quantized flash attention (0022)
 NEW_OFF="GGML_CUDA_TOPK_TILES=0 LLAMA_STATE_SPAN_GET=0 GGML_CUDA_FA_MMA_Q_TILE_SKIP=0"

@@ -65,6 +65,8 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "mtmd": ("tools/mtmd/clip", "tools/mtmd/mtmd.", "tools/mtmd/mtmd-image.", "tools/mtmd/models/"),
     "mtmd-helper": ("tools/mtmd/mtmd-helper.",),
     "server": ("tools/server/",),
+    "llama-sampler": ("src/llama-sampler.",),
+    "common": ("common/",),
     "ggml-cuda": ("ggml/src/ggml-cuda/",),
     "tests": ("tests/",),  # upstream's own tests (test-backend-ops cases for a kernel change)
 }
