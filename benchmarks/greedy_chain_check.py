@@ -75,7 +75,8 @@ def main() -> int:
     for name, (r, ch) in runs.items():
         print(f"{name}: chains {sorted(ch)}")
         for row in r["rows"]:
-            print(f"  {row['mode']:<6} {row['streams']} streams: aggregate decode {row['aggregate_decode_tok_s']:.1f} tok/s")
+            rate = row["aggregate_decode_tok_s"]
+            print(f"  {row['mode']:<6} {row['streams']} streams: aggregate decode {rate:.1f} tok/s")
     full_ch, short_ch = runs["full chain"][1], runs["greedy chain"][1]
     ok_full = bool(full_ch) and all("dist" in c for c in full_ch)
     ok_short = bool(short_ch) and all("greedy" in c and "top-k" not in c and "dist" not in c for c in short_ch)
