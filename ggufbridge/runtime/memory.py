@@ -59,21 +59,22 @@ CTX_CHECKPOINTS = 32  # llama-server's --ctx-checkpoints default: recurrent-stat
 # iteration's batch with the decoding slots' tokens and then pending prompt tokens up to -b (tools/server/
 # server-context.cpp:3082-3094, 3505), so with -b 2048 eight prompts arriving together take four iterations and the
 # first ones' streams decode one token per iteration while the rest prefill. Measured on the H200 (docs/benchmarks.md,
-# "Prompts that arrive together"): 8 streams of 1k-token prompts, sum of per-stream decode rates 2.96x one stream
-# at -b 2048, 3.69x at -b 8192, TTFT p50 unchanged (3.40 / 3.34 s). The cap bounds how long one long prompt's
-# iteration holds up the decoding slots (a whole iteration's prompt tokens are prefilled before their next token).
+# "The 22-patch series and the slots' batch"): 8 streams of 1k-token prompts, sum of per-stream decode rates 2.96x
+# one stream at -b 2048, 3.69x at -b 8192, TTFT p50 unchanged (3.40 / 3.34 s). The cap bounds how long one long
+# prompt's iteration holds up the decoding slots (a whole iteration's prompt tokens are prefilled before their next
+# token).
 # Memory: the compute buffers follow -ub, not -b (src/llama-context.cpp:629, 674: graph_reserve of n_ubatch tokens).
 SLOT_BATCH = 1024
 SLOTS_BATCH_MAX = 8192
+
+EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch)?exps\.")
+BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
 
 def served_batch(batch: int, slots: int) -> int:
     """llama-server's -b for the recipe's `batch`: as it is with one slot; with several, room for SLOT_BATCH prompt
     tokens per slot, capped at SLOTS_BATCH_MAX (why: above)."""
     return batch if slots == 1 else max(batch, min(SLOTS_BATCH_MAX, slots * SLOT_BATCH))
-EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch)?exps\.")
-BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
-
 
 
 def row_bytes(type_name: str, n: int) -> int:
