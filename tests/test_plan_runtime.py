@@ -167,8 +167,10 @@ def test_planned_compute_covers_every_slot(tmp_path, draft):
         runtime[slots] = found[0]  # the target's context is made first
         if draft:
             draft_runtime[slots] = found[-1]
+            # the draft's pool less its weights, its KV and the target's kept hidden states (not a compute buffer)
             draft_planned[slots] = (host.use["draft"] - dshape.weight_bytes
-                                    - dshape.kv_bytes_per_token() * plan.kv_cells) / MIB
+                                    - dshape.kv_bytes_per_token() * plan.kv_cells
+                                    - plan.figures["draft_target_hidden"]) / MIB
     state_term = lambda n: 2 * n * (5 if draft else 1) * tshape.state_layer_bytes() / MIB  # noqa: E731
     for n in (2, 4, 8):
         grew, plan_grew = runtime[n] - runtime[1], planned[n] - planned[1]
