@@ -38,8 +38,9 @@
 #                (host), the whole step ($OUT/step-width.jsonl); kernels of two steps at 1 and 8 sequences by name,
 #                from ncu ($OUT/step-width-kernels.txt); the width sweep again at 1 and 8 without CUDA graphs
 #   sampler-split the step alone without and with llama-server's sampler chain in the graph (top_k 1 and 40) at
-#                1-8 sequences, and its kernels by name at 8 (ncu): the GPU's part of the served step's excess
-#                ($OUT/step-sampler.jsonl, $OUT/step-sampler-kernels.txt)
+#                1-8 sequences, and its kernels by name at 8 (ncu): the GPU's part of the served step's excess;
+#                the same for candidate 0024's greedy chain (STREAMS_CANDIDATES=1 for right sampled ids)
+#                ($OUT/step-sampler.jsonl, $OUT/step-sampler-kernels.txt, $OUT/step-sampler-greedy-kernels.txt)
 #   kernel-logits the Hopper decode kernels on and off ($CAND_OFF) on the same inputs at 2, 4, 8 sequences: KL, top-1
 #                and the largest logit difference (decode_step --logits-out, logits_compare.py); $OUT/kernel-logits.txt
 #   kernels      the same kernel split on a 4-layer proxy (quick to write and to profile; $OUT/step-proxy4-kernels.txt)
@@ -150,7 +151,11 @@ sampler-split)
   for k in -1 1 40; do
     bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8 --sampler-top-k $k --tag sampler | tee -a $O/step-sampler.jsonl
   done
-  bash benchmarks/gpu/decode_step.sh ncu "--seqs 8" "--seqs 8 --sampler-top-k 40" -- $M | tee $O/step-sampler-kernels.txt ;;
+  # candidate 0024's chain for a greedy request (temperature 0, greedy; its sampled ids need the candidate built in)
+  bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8 --sampler-greedy-chain --tag sampler | tee -a $O/step-sampler.jsonl
+  bash benchmarks/gpu/decode_step.sh ncu "--seqs 8" "--seqs 8 --sampler-top-k 40" -- $M | tee $O/step-sampler-kernels.txt
+  bash benchmarks/gpu/decode_step.sh ncu "--seqs 8 --sampler-top-k 1" "--seqs 8 --sampler-greedy-chain" -- $M \
+    | tee $O/step-sampler-greedy-kernels.txt ;;
 kernel-logits)
   # the Hopper decode kernels against the pinned ones on the same inputs: decode_step at 2, 4 and 8 sequences (8
   # timed steps of fixed random tokens after 1k-token prompts) once with $CAND_OFF and once as built, every logit

@@ -14,7 +14,9 @@
 // top-k, typical, top-p, min-p, XTC, temperature 0, dist; common/sampling.cpp, common/common.h), and the token comes
 // from llama_get_sampled_token_ith: step_ms then holds the sampling the server's `backend_sampling` adds to the GPU
 // step, and argmax_ms is the read of the sampled token. Set against a run without it, this splits the served step's
-// extra time into the GPU's part and the server thread's (issue 28).
+// extra time into the GPU's part and the server thread's (issue 28). --sampler-greedy-chain instead attaches the chain
+// candidate 0024 builds for a greedy request (temperature 0, then greedy; its greedy maps the argmax through the
+// temperature's one candidate, so without the candidate the sampled ids are wrong and only the times mean anything).
 // With --logits-out FILE (one --seqs value, one depth, no sampler) the timed steps feed fixed random tokens instead of
 // the greedy ones and the logits of every sequence at each of them go to FILE (int32 n_seq, n_vocab, n_steps, then
 // n_steps x n_seq x n_vocab float32): two runs of one build, a kernel on and off through its variable, then compare
@@ -23,7 +25,7 @@
 // kernels only (the prefill is not profiled). One JSON object per (N, depth) on stdout.
 //
 //   decode_step -m MODEL [--kv q8_0] [--depths 1024,262144] [--seqs 1,8] [--ctx 262144] [--slots 4] [--steps 24]
-//               [--sampler-top-k K] [--logits-out FILE] [--cuda-range] [--tag T]
+//               [--sampler-top-k K | --sampler-greedy-chain] [--logits-out FILE] [--cuda-range] [--tag T]
 #include "llama.h"
 
 #include <dlfcn.h>
@@ -62,6 +64,7 @@ int main(int argc, char ** argv) {
     std::string model_path, kv = "q8_0", tag, logits_path;
     std::vector<int> depths = {1024, 32768, 131072, 262144}, seqs = {1};
     int ctx_per_slot = 262144, slots = 4, steps = 24, sampler_top_k = -1;
+    bool greedy_chain = false;
     bool cuda_range = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -77,6 +80,7 @@ int main(int argc, char ** argv) {
         else if (a == "--slots") slots = std::atoi(next());
         else if (a == "--steps") steps = std::atoi(next());
         else if (a == "--sampler-top-k") sampler_top_k = std::atoi(next());
+        else if (a == "--sampler-greedy-chain") greedy_chain = true;
         else if (a == "--logits-out") logits_path = next();
         else if (a == "--cuda-range") cuda_range = true;
         else if (a == "--tag") tag = next();
@@ -88,7 +92,7 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "usage: decode_step -m MODEL [--kv f16|q8_0|q4_0] [--depths D,...] [--seqs N,...]\n");
         return 2;
     }
-    if (!logits_path.empty() && (seqs.size() != 1 || depths.size() != 1 || sampler_top_k >= 0)) {
+    if (!logits_path.empty() && (seqs.size() != 1 || depths.size() != 1 || sampler_top_k >= 0 || greedy_chain)) {
         std::fprintf(stderr, "decode_step: --logits-out takes one --seqs value, one depth and no --sampler-top-k\n");
         return 2;
     }
@@ -128,7 +132,18 @@ int main(int argc, char ** argv) {
         if (!ctx) { std::fprintf(stderr, "decode_step: cannot create the context\n"); return 2; }
         // the server's chain for a greedy request (the defaults of common_params_sampling, temperature 0, seed 0)
         std::vector<llama_sampler *> chains;
-        if (sampler_top_k >= 0) {
+        if (greedy_chain) {
+            for (int q = 0; q < n_seq; q++) {
+                llama_sampler * c = llama_sampler_chain_init(llama_sampler_chain_default_params());
+                llama_sampler_chain_add(c, llama_sampler_init_temp_ext(0.0f, 0.0f, 1.0f));
+                llama_sampler_chain_add(c, llama_sampler_init_greedy());
+                if (!llama_set_sampler(ctx, q, c)) {
+                    std::fprintf(stderr, "decode_step: the sampler chain could not go into the graph\n");
+                    return 2;
+                }
+                chains.push_back(c);
+            }
+        } else if (sampler_top_k >= 0) {
             const llama_vocab * vocab = llama_model_get_vocab(model);
             const char * breakers[] = {"\n", ":", "\"", "*"};
             for (int q = 0; q < n_seq; q++) {
@@ -224,8 +239,9 @@ int main(int argc, char ** argv) {
             }
             const double s = median_ms(step), p = median_ms(pick);
             std::printf("{\"tag\": \"%s\", \"kv\": \"%s\", \"seqs\": %d, \"depth\": %d, \"sampler_top_k\": %d, "
-                        "\"prefill_s\": %.2f, \"host_ms\": %.4f, \"step_ms\": %.4f, \"argmax_ms\": %.4f, "
-                        "\"tok_s\": %.2f}\n", tag.c_str(), kv.c_str(), n_seq, d, sampler_top_k, prefill_s,
+                        "\"greedy_chain\": %s, \"prefill_s\": %.2f, \"host_ms\": %.4f, \"step_ms\": %.4f, "
+                        "\"argmax_ms\": %.4f, \"tok_s\": %.2f}\n", tag.c_str(), kv.c_str(), n_seq, d, sampler_top_k,
+                        greedy_chain ? "true" : "false", prefill_s,
                         median_ms(host), s, p, 1e3 * n_seq / (s + p));
             std::fflush(stdout);
         }
