@@ -60,7 +60,7 @@ def test_server_arguments_give_every_slot_its_context(real):
     plan = pl.make_plan(with_weights(real, 8), recipe, ctx=5000, slots=3)
     assert plan.context_args() == ["-c", str(3 * 5120), "-np", "3", "--kv-unified", "--kv-unified-per-slot", "5120"]
     text = plan.format()
-    assert "slots: 3 x 5,000 tokens of context (one unified KV pool of 15,360 cells)" in text
+    assert "slots: 3 x 5,000 tokens of context (one unified KV pool of 15,360 cells; -b 3,072" in text
     assert "-np 3 --kv-unified" in text.splitlines()[0]
     d = plan.to_dict()
     assert d["slots"] == 3 and d["kv_cells"] == 15_360 and d["server_context_args"][:4] == ["-c", "15360", "-np", "3"]
@@ -75,6 +75,7 @@ def test_several_slots_get_a_batch_that_holds_their_prompts_together(real):
     assert [plans[n].server_batch(2048) for n in (1, 2, 8, 16)] == [2048, 2048, 8192, 8192]
     assert plans[1].server_batch(512) == 512 and plans[2].server_batch(512) == 2 * pl.SLOT_BATCH
     assert plans[8].server_batch(16384) == 16384
+    assert plans[8].figures["server_batch"] == 8192 and "-b 8,192: prompts arriving together" in plans[8].format()
 
 
 def test_the_drafts_target_hidden_states_follow_the_slots_batch(real):

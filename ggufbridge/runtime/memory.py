@@ -377,7 +377,8 @@ class MemoryPlan:
                  f"--n-cpu-moe {self.n_cpu_moe}" + (f" --tensor-split {','.join(f'{x:g}' for x in self.tensor_split)}"
                                                    if self.tensor_split else ""),
                  f"  slots: {self.slots} x {self.ctx:,} tokens of context"
-                 + (f" (one unified KV pool of {f['kv_cells']:,} cells)" if self.slots > 1 else ""),
+                 + (f" (one unified KV pool of {f['kv_cells']:,} cells; -b {f['server_batch']:,}: prompts arriving "
+                    f"together are prefilled in one server iteration)" if self.slots > 1 else ""),
                  f"  KV cache: {f['kv_per_token']:,} B/token x {f['kv_cells']:,} cells = {_gib(f['kv_total'])} "
                  f"({f['attention_layers']} full-attention layers; {f['recurrent_layers']} recurrent layers hold none)",
                  f"  gated-delta-net state: {f['state_per_slot']:,} B per slot x {f['slots']} slot(s) x "
@@ -514,6 +515,7 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
         "state_total": target.state_bytes_per_slot() * slots * snapshots,
         "checkpoints_total": target.state_bytes_per_slot() * slots * CTX_CHECKPOINTS,
         "target_weights": target.weight_bytes, "mmproj": mmproj_bytes,
+        "server_batch": served_batch(srv["batch"], slots),
     }
     host.use["state"] += figures["checkpoints_total"]
     if draft is not None:
