@@ -156,7 +156,7 @@ def test_planned_compute_covers_every_slot(tmp_path, draft):
         # -b as serve gives it: 2048 for one slot, up to 8192 for several (memory.SLOT_BATCH; the compute buffers
         # must not grow with it)
         argv = [str(rt.tool("llama-server")), "-m", str(target), *plan.context_args(),
-                "-b", str(plan.server_batch(2048)), "-ub", "512",
+                "-b", str(plan.figures["server_batch"]), "-ub", "512",
                 "--fit", "off", "--no-warmup", "-lv", "4", "--host", "127.0.0.1", "--port", str(port)]
         if draft:
             argv += ["-md", str(dr), "--spec-type", "draft-dspark", "--spec-draft-n-max", "4"]

@@ -72,9 +72,10 @@ def test_several_slots_get_a_batch_that_holds_their_prompts_together(real):
     stays; one slot keeps the recipe's."""
     recipe = load_recipe("cpu")
     plans = {n: pl.make_plan(with_weights(real, 8), recipe, ctx=4096, slots=n) for n in (1, 2, 8, 16)}
-    assert [plans[n].server_batch(2048) for n in (1, 2, 8, 16)] == [2048, 2048, 8192, 8192]
-    assert plans[1].server_batch(512) == 512 and plans[2].server_batch(512) == 2 * pl.SLOT_BATCH
-    assert plans[8].server_batch(16384) == 16384
+    assert recipe.server["batch"] == 2048
+    assert [plans[n].figures["server_batch"] for n in (1, 2, 8, 16)] == [2048, 2048, 8192, 8192]
+    assert pl.served_batch(512, 1) == 512 and pl.served_batch(512, 2) == 2 * pl.SLOT_BATCH
+    assert pl.served_batch(16384, 8) == 16384
     assert plans[8].figures["server_batch"] == 8192 and "-b 8,192: prompts arriving together" in plans[8].format()
 
 

@@ -367,10 +367,6 @@ class MemoryPlan:
         return ["-c", str(self.kv_cells), "-np", str(self.slots), "--kv-unified",
                 "--kv-unified-per-slot", str(_pad(self.ctx))]
 
-    def server_batch(self, batch: int) -> int:
-        """llama-server's -b for the recipe's `batch` (served_batch)."""
-        return served_batch(batch, self.slots)
-
     def format(self) -> str:
         f = self.figures
         lines = [f"memory plan (recipe {self.recipe}): {' '.join(self.context_args())} -ngl {self.n_gpu_layers} "
@@ -515,7 +511,7 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
         "state_total": target.state_bytes_per_slot() * slots * snapshots,
         "checkpoints_total": target.state_bytes_per_slot() * slots * CTX_CHECKPOINTS,
         "target_weights": target.weight_bytes, "mmproj": mmproj_bytes,
-        "server_batch": served_batch(srv["batch"], slots),
+        "server_batch": served_batch(srv["batch"], slots),  # llama-server's -b
     }
     host.use["state"] += figures["checkpoints_total"]
     if draft is not None:
@@ -526,7 +522,7 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
         dpool.use["draft"] += draft.weight_bytes + dkv * cells + 2 * srv["ubatch"] * cells
         # the target's output buffer keeps the inputs of the layers the draft reads, F32, for -b tokens (in host
         # memory: src/llama-context.cpp:2151-2154, 2225-2226), so it grows with the slots' -b (served_batch)
-        hidden = 4 * target.n_embd * served_batch(srv["batch"], slots) * draft.target_layers
+        hidden = 4 * target.n_embd * figures["server_batch"] * draft.target_layers
         host.use["draft"] += hidden
         figures.update(draft_weights=draft.weight_bytes, draft_kv_per_token=dkv, draft_kv_total=dkv * cells,
                        draft_mask=2 * srv["ubatch"] * cells, draft_target_hidden=hidden)

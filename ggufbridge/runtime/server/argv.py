@@ -55,7 +55,7 @@ def model_alias(art: Artifacts) -> str:
 
 def _common_args(recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOptions) -> list[str]:
     srv, drf = recipe.server, recipe.draft
-    a = ["-m", str(art.target.path), "-b", str(plan.server_batch(srv["batch"])), "-ub", str(srv["ubatch"]),
+    a = ["-m", str(art.target.path), "-b", str(plan.figures["server_batch"]), "-ub", str(srv["ubatch"]),
          "-fa", srv["flash_attn"], "-ctk", srv["cache_type_k"], "-ctv", srv["cache_type_v"],
          "-ngl", str(plan.n_gpu_layers), "--fit", "off"]  # --fit off: run exactly the planned settings
     if plan.n_cpu_moe:
