@@ -109,6 +109,14 @@ cbench() {  # RECIPE OUT [VAR=VALUE...]
   env "$@" timeout 240 python3 -m ggufbridge bench $D --recipe $R/$recipe.toml --concurrency 1,2,4,8 --repeats 3 \
     --prompt-lengths 1k -n 128 -o $O/$out 2>&1 | tail -20
 }
+# the decode step alone (llama-batched-bench through decode_profile.py, no server, no sampling) at 1-16 sequences
+# into $O/OUT.json, with llama-batched-bench arguments EXTRA ("": decode_profile.py's, q8_0 K/V) and VAR=VALUE set
+ctiming() {  # OUT EXTRA [VAR=VALUE...]
+  local out=$1 extra=$2
+  shift 2
+  env "$@" timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
+    ${extra:+"--extra=$extra"} --timing-npl 1,2,4,8,16 --ntg 64 --json $O/$out.json 2>&1 | tail -20
+}
 steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
 Q=${STREAMS_QUANT:-hq3m}; D=$S/$Q
 model() { echo $D/target.gguf; }
@@ -120,12 +128,8 @@ build)
 build-target)
   [ -f $D/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $D --tokenizer "$DEVICE_DIR/tok" \
     --quant $Q --no-draft 2>&1 | tail -3 ;;
-timing)
-  timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
-    --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-h200.json 2>&1 | tail -20 ;;
-timing-kvu)
-  timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only --extra="-ctk q8_0 -ctv q8_0 -kvu" \
-    --timing-npl 1,2,4,8,16 --ntg 64 --json $O/decode-timing-kvu.json 2>&1 | tail -20 ;;
+timing) ctiming decode-timing-h200 "" ;;
+timing-kvu) ctiming decode-timing-kvu "-ctk q8_0 -ctv q8_0 -kvu" ;;
 bench) cbench h200-q8kv concurrency ;;
 bench-host) cbench h200-q8kv-host concurrency-host ;;
 bench-b512|bench-b8192) cbench h200-q8kv-${step#bench-} concurrency-${step#bench-} ;;
@@ -198,10 +202,7 @@ eval)
   } | tee $O/eval.txt ;;
 bench-off) cbench h200-q8kv concurrency-off $CAND_OFF ;;
 bench-noskip) cbench h200-q8kv concurrency-noskip GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 ;;  # 0022's served share, same build
-timing-kvu-noskip)
-  GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
-    --timing-only --extra="-ctk q8_0 -ctv q8_0 -kvu" --timing-npl 1,2,4,8,16 --ntg 64 \
-    --json $O/decode-timing-kvu-noskip.json 2>&1 | tail -20 ;;
+timing-kvu-noskip) ctiming decode-timing-kvu-noskip "-ctk q8_0 -ctv q8_0 -kvu" GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 ;;
 bench-before)
   # the 19-patch series as it was served: its kernels, -b 2048 (the "before" of the issue's table, same build)
   cbench h200-q8kv-b2048 concurrency-before $NEW_OFF $SERIES_ONLY ;;
