@@ -1,18 +1,18 @@
-"""Candidate 0024 (`llama-sampler-common-greedy-chain`) checked: greedy requests served with the sampler chain in the
+"""Series patch 0023 (`llama-sampler-common-greedy-chain`) checked: greedy requests served with the sampler chain in the
 graph (--backend-sampling) give the same text with the shortened chain as with the full one, and the server's chain
 is the short one.
 
 `ggufbridge bench --concurrency` runs twice on one converted model, with LLAMA_SAMPLER_GREEDY_CHAIN=0 (the full
-chain: top-k, top-p, min-p, temperature, dist) and without it (the candidate's: temperature, greedy), both with
+chain: top-k, top-p, min-p, temperature, dist) and without it (the patch's: temperature, greedy), both with
 `--draft` so that drafted streams are compared too; every stream's text must be equal between the two runs, and
 the server logs (at trace verbosity) must show each chain. The decode rates are printed beside each other (on a CPU
 they say little: the chain is a few small ops per sequence there).
 
-    LLAMA_CPP_BIN=BIN_DIR .venv/bin/python benchmarks/greedy_chain_check.py MODEL_DIR [--levels 1,4] [-n 64]
+    [LLAMA_CPP_BIN=BIN_DIR] .venv/bin/python benchmarks/greedy_chain_check.py MODEL_DIR [--levels 1,4] [-n 64] \
+        [--base h200]
 
-BIN_DIR: a runtime with the candidate (`scripts/build_runtime.sh --with-patch
-benchmarks/gpu/candidates/0024-*.patch`); exit 1 if a text differs or a chain is not the expected one, 2 on bad
-arguments.
+BIN_DIR: a runtime of the series (scripts/build_runtime.sh's, found without it); exit 1 if a text differs or a
+chain is not the expected one, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -51,14 +51,15 @@ def main() -> int:
     ap.add_argument("model", type=Path, help="a converted model folder (target and draft)")
     ap.add_argument("--levels", default="1,4")
     ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--base", default="cpu", help="the hardware recipe to start from (h200 on the device)")
     a = ap.parse_args()
     if not a.model.is_dir():
         print(f"greedy_chain_check: {a.model} is not a folder", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        recipe = Path(tmp) / "cpu-backend-sampling.toml"
-        # the CPU recipe with the chain in the graph, as the GPU recipes serve it; trace verbosity prints the chain
-        recipe.write_text('base = "cpu"\nname = "cpu-backend-sampling"\n[server]\nbackend_sampling = true\n'
+        recipe = Path(tmp) / "backend-sampling.toml"
+        # the recipe with the chain in the graph, as the GPU recipes serve it; trace verbosity prints the chain
+        recipe.write_text(f'base = "{a.base}"\nname = "{a.base}-backend-sampling"\n[server]\nbackend_sampling = true\n'
                           'extra_args = ["-lv", "4"]\n')
         runs = {}
         for name, extra in (("full chain", {"LLAMA_SAMPLER_GREEDY_CHAIN": "0"}), ("greedy chain", {})):

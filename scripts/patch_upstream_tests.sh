@@ -2,9 +2,10 @@
 # The tests llama.cpp ships for what the patch series touches, built from the patched tree that build_runtime.sh
 # made (run it first) and run here: libmtmd's C API and internals (chunk serialization), the batch allocator, the
 # KV cells' per-cell sequence summary (test-kv-cells, the series' own),
-# every architecture's tiny-model test (the KV cache and M-RoPE models: qwen2vl, qwen3vl, qwen35 among 133), and the
+# every architecture's tiny-model test (the KV cache and M-RoPE models: qwen2vl, qwen3vl, qwen35 among 133), the
 # recurrent-state rollback test over every recurrent and hybrid architecture's dummy model (the rollback patch's
-# "moved cell" case among them).
+# "moved cell" case among them; qwen35moe's in-place state read too), and the samplers' tests (test-sampling; the
+# backend samplers on the demo's synthetic model, test-backend-sampler: the greedy-chain patch's backend greedy).
 #   scripts/patch_upstream_tests.sh        (~15 min on 2 cores: it compiles the library again with the tests)
 # With --cuda (a machine with nvcc and a GPU; --cuda-arch N, default 90): the ggml-cuda patch instead, through
 # test-backend-ops: every FLASH_ATTN_EXT case with a quantized K/V cache on CUDA0 against the CPU backend, with
@@ -46,7 +47,8 @@ if [ $CUDA = 1 ]; then
   done
   exit 0
 fi
-TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-kv-cells test-llama-archs test-recurrent-state-rollback)
+TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-kv-cells test-llama-archs test-recurrent-state-rollback
+       test-sampling test-backend-sampler)
 cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_MTMD=ON >"$B.configure.log" 2>&1
 cmake --build "$B" -j "${JOBS:-$(nproc)}" --target "${TESTS[@]}" >"$B.build.log" 2>&1
@@ -54,7 +56,15 @@ cmake --build "$B" -j "${JOBS:-$(nproc)}" --target "${TESTS[@]}" >"$B.build.log"
 mkdir -p "$B/test-models"  # the tool writes into it and does not make it
 "$B/bin/test-llama-archs" -o "$B/test-models" >"$B/generate-models.log" 2>&1 \
   || { echo "FAIL  test-llama-archs -o (log: $B/generate-models.log)"; exit 1; }
+# test-backend-sampler (the greedy-chain patch's backend greedy among its cases) needs a model with a real-sized
+# vocabulary (it decodes token ids in the thousands) and skips without one: the demo's synthetic MiniCPM-V 4.7
+[ -d "$B/demo" ] || "$(dirname "$0")/../.venv/bin/python" -m ggufbridge demo --work-dir "$B/demo" >"$B/demo.log" 2>&1 \
+  || { echo "FAIL  ggufbridge demo (log: $B/demo.log)"; exit 1; }
+DEMO_GGUF=$(find "$B/demo" -name "*.gguf" ! -name "*mmproj*" ! -name "*draft*" | sort | head -1)
+[ -n "$DEMO_GGUF" ] || { echo "FAIL  no demo GGUF under $B/demo"; exit 1; }
 for t in "${TESTS[@]}"; do
   args=(); [ "$t" = test-recurrent-state-rollback ] && args=(--models "$B/test-models")
-  if "$B/bin/$t" "${args[@]}" >"$B/$t.log" 2>&1; then echo "ok    $t"; else echo "FAIL  $t (log: $B/$t.log)"; exit 1; fi
+  [ "$t" = test-backend-sampler ] && args=(--model "$DEMO_GGUF" --device cpu)
+  if "$B/bin/$t" "${args[@]}" >"$B/$t.log" 2>&1 && ! grep -q "skipping test" "$B/$t.log"; then echo "ok    $t"
+  else echo "FAIL  $t (log: $B/$t.log)"; exit 1; fi
 done

@@ -53,10 +53,17 @@ class Runtime:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
         self.contexts = []
         self.graphs = 0  # graph computations seen by the eval callback: one per ubatch
+        # where each delta-net layer's input state lives: the name of the tensor its "state_predelta" view reads
+        # (a view's view_src is its root): the cache itself (cache_s_l<il>) or a gathered copy (a GET_ROWS node)
+        self.state_roots: list[bytes] = []
 
         def seen(t, ask, user_data):
-            if ask and _TensorHead.from_address(t).name == b"result_output":
-                self.graphs += 1
+            if ask:
+                head = _TensorHead.from_address(t)
+                if head.name == b"result_output":
+                    self.graphs += 1
+                elif head.name.startswith(b"state_predelta"):
+                    self.state_roots.append(_TensorHead.from_address(head.view_src).name if head.view_src else b"")
             return False  # observe nothing: only the scheduler's question is counted
 
         self._cb = llama_cpp.ggml_backend_sched_eval_callback(seen)  # kept alive with the contexts
@@ -192,3 +199,34 @@ def test_verifications_of_equal_length_share_a_ubatch(rt):
             assert float(np.abs(got[row] - want[k]).max()) < TOL, (s, k)
             row += 1
 
+
+
+@pytest.mark.parametrize("n_rs", [0, N_RS])
+def test_decode_steps_read_each_state_where_it_is(rt, n_rs):
+    """Patch memory-recurrent-state-in-place: once each sequence's gated-delta-net state sits in its own cell, a
+    decode step reads it there (the layer's state is a view of the cache, cache_s_l<il>, not a gathered copy of
+    2 MiB a sequence and layer at full shape), also a step of sequences 1 and 2 alone (their cells start at 1) and
+    with rollback snapshots kept; every row's logits equal the sequence decoded alone. The check of where the
+    state is read can fail: the step after a rollback must gather (it reads a snapshot group), and it does."""
+    ctx = rt.context(3, n_rs, True, count_ubatches=True)
+    _prefill(rt, ctx, [0, 1, 2])
+    hist = {s: list(PROMPTS[s]) for s in PROMPTS}
+    for step, seqs in enumerate([[0, 1, 2], [1, 2], [0, 1, 2]]):
+        items = [(s, len(hist[s]), 60 + 3 * step + s, True) for s in seqs]
+        rt.state_roots.clear()
+        got = rt.decode(ctx, items)
+        assert rt.state_roots and all(r.startswith(b"cache_s_l") for r in rt.state_roots), (step, rt.state_roots)
+        for i, (s, _, tok, _) in enumerate(items):
+            hist[s].append(tok)
+            diff = float(np.abs(got[i] - _alone(rt, hist[s])).max())
+            assert diff < TOL, f"step {step}, sequence {s}: max |Δ logit| {diff:.3g} from the sequence alone"
+        # a state read from a neighbour's cell would be caught: the rows are far apart
+        assert float(np.abs(got[0] - got[1]).max()) > 100 * TOL
+    if n_rs:
+        n = len(hist[1])
+        rt.decode(ctx, [(1, n + k, t, True) for k, t in enumerate([SAMPLED] + DRAFT)])
+        rt.rollback(ctx, 1, n + 1)
+        rt.state_roots.clear()
+        got = rt.decode(ctx, [(1, n + 2, NEXT, True)])[0]
+        assert rt.state_roots and not any(r.startswith(b"cache_s_l") for r in rt.state_roots), rt.state_roots
+        assert float(np.abs(got - _alone(rt, hist[1] + [SAMPLED, DRAFT[0], NEXT])).max()) < TOL

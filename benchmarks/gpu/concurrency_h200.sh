@@ -19,6 +19,7 @@
 #                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the issue's table: one
 #                llama-server with -np 8 (the planner's slots: a unified pool, each slot capped at its context),
 #                1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
+#   bench-run2, bench-run3  `bench` again, into $OUT/concurrency-run2/*, $OUT/concurrency-run3/*
 #   bench-host   the same with each slot's sampler chain on the server thread between decodes
 #                (backend_sampling = false: the runtime's default, the issue's before-table); $OUT/concurrency-host/*
 #   bench-b512   `bench` with server.batch = 512 (prefill in one-ubatch chunks: a stream already decoding waits for
@@ -27,10 +28,18 @@
 #                server iterations and their streams then decode in step (measured 2026-12-02: the three streams
 #                prefilled first decode at ~56 tok/s while the other five prompts prefill, 86-91 once all decode;
 #                TTFT p50 did not grow); since session 14 `serve` gives 8 slots -b 8192 itself; $OUT/concurrency-b8192/*
-#   bench-before `bench` as the 19-patch series was served: series patches 0020-0022 off, -b 2048 (the before of
+#   bench-before `bench` as the 19-patch series was served: series patches 0020-0024 off, -b 2048 (the before of
 #                the issue's table in the same build); $OUT/concurrency-before/*
+#   bench-22     `bench` as the 22-patch series was served (0023-0024 off: the before of this session's two);
+#                $OUT/concurrency-22/*
+#   bench-nogreedy, bench-noinplace  `bench` with patch 0023's greedy chain off, with 0024's in-place state read
+#                off (each one's served share, same build); $OUT/concurrency-nogreedy/*, $OUT/concurrency-noinplace/*
+#   greedy-check patch 0023 at full shape: benchmarks/greedy_chain_check.py (served text per stream equal with the
+#                greedy chain on and off, drafted and not, 1 and 4 streams; the chains from the trace log);
+#                $OUT/greedy-check.txt
 #   bench-noskip `bench` with patch 0022's tile skip off (its served share, same build); $OUT/concurrency-noskip/*
 #   timing-kvu-noskip  `timing-kvu` with the tile skip off; $OUT/decode-timing-kvu-noskip.json
+#   timing-kvu-noinplace  `timing-kvu` with patch 0024's in-place state read off; $OUT/decode-timing-kvu-noinplace.json
 #   eval-fa      test-backend-ops on CUDA0: FLASH_ATTN_EXT (the unified-pool cases, every q8_0/q4_0 case), TOP_K
 #   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
@@ -39,7 +48,7 @@
 #                from ncu ($OUT/step-width-kernels.txt); the width sweep again at 1 and 8 without CUDA graphs
 #   sampler-split the step alone without and with llama-server's sampler chain in the graph (top_k 1 and 40) at
 #                1-8 sequences, and its kernels by name at 8 (ncu): the GPU's part of the served step's excess;
-#                the same for candidate 0024's greedy chain (STREAMS_CANDIDATES=1 for right sampled ids)
+#                the same for series patch 0023's greedy chain
 #                ($OUT/step-sampler.jsonl, $OUT/step-sampler-kernels.txt, $OUT/step-sampler-greedy-kernels.txt)
 #   kernel-logits the Hopper decode kernels on and off ($CAND_OFF) on the same inputs at 2, 4, 8 sequences: KL, top-1
 #                and the largest logit difference (decode_step --logits-out, logits_compare.py); $OUT/kernel-logits.txt
@@ -91,14 +100,16 @@ printf 'base = "h200"\nname = "h200-q8kv-b8192"\n[server]\ncache_type_k = "q8_0"
 printf 'base = "h200"\nname = "h200-q8kv-b2048"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nextra_args = ["-b", "2048"]\n' \
   > $R/h200-q8kv-b2048.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-# the candidates off (the series as shipped): multi-column mat-vec (candidate 0023), greedy sampler chain (0024)
-SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0 LLAMA_SAMPLER_GREEDY_CHAIN=0"
+# the candidates off (the series as shipped): multi-column mat-vec (candidate 0025)
+SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0"
+# session 15's series patches off: the greedy chain (0023), the in-place recurrent state read (0024)
+NEW24_OFF="LLAMA_SAMPLER_GREEDY_CHAIN=0 LLAMA_RS_IN_PLACE=0"
 # the series' issue-28 work after the 19-patch series off: two-pass top-k (0020), state-save span copy (0021), tile
 # skip in the quantized flash attention (0022)
 NEW_OFF="GGML_CUDA_TOPK_TILES=0 LLAMA_STATE_SPAN_GET=0 GGML_CUDA_FA_MMA_Q_TILE_SKIP=0"
 # and the series' Hopper decode kernels off too: MoE mat-vecs (0017; MOE_SHAPED=0 turns the row-per-warp kernels off
 # too), thin F32 (0018), crossover row (0019); i.e. the pinned kernels
-CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 $NEW_OFF $SERIES_ONLY"
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 $NEW_OFF $NEW24_OFF $SERIES_ONLY"
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 # the issue's served measurement on recipe RECIPE into $O/OUT, with the variables VAR=VALUE set (a kernel off):
@@ -131,6 +142,7 @@ build-target)
 timing) ctiming decode-timing-h200 "" ;;
 timing-kvu) ctiming decode-timing-kvu "-ctk q8_0 -ctv q8_0 -kvu" ;;
 bench) cbench h200-q8kv concurrency ;;
+bench-run2|bench-run3) cbench h200-q8kv concurrency-${step#bench-} ;;  # `bench` again in the same call (run-to-run spread)
 bench-host) cbench h200-q8kv-host concurrency-host ;;
 bench-b512|bench-b8192) cbench h200-q8kv-${step#bench-} concurrency-${step#bench-} ;;
 bench-draft)
@@ -155,8 +167,9 @@ sampler-split)
   for k in -1 1 40; do
     bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8 --sampler-top-k $k --tag sampler | tee -a $O/step-sampler.jsonl
   done
-  # candidate 0024's chain for a greedy request (temperature 0, greedy; its sampled ids need the candidate built in)
+  # series patch 0023's chain for a greedy request (temperature 0, greedy)
   bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8 --sampler-greedy-chain --tag sampler | tee -a $O/step-sampler.jsonl
+  [ "${SAMPLER_NCU:-1}" = 0 ] && continue  # SAMPLER_NCU=0: the timings only
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 8" "--seqs 8 --sampler-top-k 40" -- $M | tee $O/step-sampler-kernels.txt
   bash benchmarks/gpu/decode_step.sh ncu "--seqs 8 --sampler-top-k 1" "--seqs 8 --sampler-greedy-chain" -- $M \
     | tee $O/step-sampler-greedy-kernels.txt ;;
@@ -203,9 +216,16 @@ eval)
 bench-off) cbench h200-q8kv concurrency-off $CAND_OFF ;;
 bench-noskip) cbench h200-q8kv concurrency-noskip GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 ;;  # 0022's served share, same build
 timing-kvu-noskip) ctiming decode-timing-kvu-noskip "-ctk q8_0 -ctv q8_0 -kvu" GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 ;;
+timing-kvu-noinplace) ctiming decode-timing-kvu-noinplace "-ctk q8_0 -ctv q8_0 -kvu" LLAMA_RS_IN_PLACE=0 ;;
 bench-before)
   # the 19-patch series as it was served: its kernels, -b 2048 (the "before" of the issue's table, same build)
-  cbench h200-q8kv-b2048 concurrency-before $NEW_OFF $SERIES_ONLY ;;
+  cbench h200-q8kv-b2048 concurrency-before $NEW_OFF $NEW24_OFF $SERIES_ONLY ;;
+bench-22) cbench h200-q8kv concurrency-22 $NEW24_OFF $SERIES_ONLY ;;
+bench-nogreedy) cbench h200-q8kv concurrency-nogreedy LLAMA_SAMPLER_GREEDY_CHAIN=0 $SERIES_ONLY ;;
+bench-noinplace) cbench h200-q8kv concurrency-noinplace LLAMA_RS_IN_PLACE=0 $SERIES_ONLY ;;
+greedy-check)
+  LLAMA_CPP_BIN=$RUNTIME_BIN timeout 400 python3 benchmarks/greedy_chain_check.py $D --levels 1,4 -n 64 --base h200 2>&1 \
+    | tee $O/greedy-check.txt ;;
 eval-fa)
   # the quantized flash attention with the tile skip (0022) against the CPU: the unified-pool masks (n_seq=) and
   # every q8_0 / q4_0 K/V case
@@ -254,7 +274,8 @@ profile)
   timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
 *) echo "streams: unknown step $step (all build build-target timing timing-kvu where sampler-split kernel-logits kernels bench bench-off
-   bench-host bench-b512 bench-b8192 bench-draft crossover profile; with STREAMS_CANDIDATES=1: eval state-span bench-series cand-timing
+   bench-run2 bench-run3 bench-host bench-b512 bench-b8192 bench-draft bench-before bench-22 bench-nogreedy bench-noinplace greedy-check
+   bench-noskip timing-kvu-noskip timing-kvu-noinplace eval-fa crossover profile; with STREAMS_CANDIDATES=1: eval state-span bench-series cand-timing
    cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done

@@ -15,8 +15,8 @@
 // from llama_get_sampled_token_ith: step_ms then holds the sampling the server's `backend_sampling` adds to the GPU
 // step, and argmax_ms is the read of the sampled token. Set against a run without it, this splits the served step's
 // extra time into the GPU's part and the server thread's (issue 28). --sampler-greedy-chain instead attaches the chain
-// candidate 0024 builds for a greedy request (temperature 0, then greedy; its greedy maps the argmax through the
-// temperature's one candidate, so without the candidate the sampled ids are wrong and only the times mean anything).
+// series patch 0023 builds for a greedy request (temperature 0, then greedy; its greedy maps the argmax through the
+// temperature's one candidate: on a runtime without it the sampled ids are wrong and only the times mean anything).
 // With --logits-out FILE (one --seqs value, one depth, no sampler) the timed steps feed fixed random tokens instead of
 // the greedy ones and the logits of every sequence at each of them go to FILE (int32 n_seq, n_vocab, n_steps, then
 // n_steps x n_seq x n_vocab float32): two runs of one build, a kernel on and off through its variable, then compare

@@ -59,6 +59,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "kv-cells": ("src/llama-kv-cells.",),
     "memory-recurrent": ("src/llama-memory-recurrent.",),
     "graph": ("src/llama-graph.",),
+    "models": ("src/models/",),  # one model family's graph (src/models/<arch>.cpp)
     "batch": ("src/llama-batch.",),
     "llama-context": ("src/llama-context.",),
     "llama-ext": ("src/llama-ext.h", "src/llama-model.cpp"),
