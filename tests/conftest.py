@@ -56,6 +56,29 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: within a file, the file's order
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _bindings_load_this_series():
+    """The tests through llama_cpp (the parity references, the rollback tests) must load this checkout's runtime. A
+    runtime rebuilt without `build_runtime.sh --python` leaves the bindings on the previous build's libraries, and
+    those tests then pass or fail for another library: every test errors with the fix instead. Only a cached build
+    of this series is checked (a runtime named by LLAMA_CPP_BIN is the user's own; none found: nothing to compare)."""
+    import sys
+
+    from ggufbridge.runtime import locate as loc
+
+    try:
+        rt = loc.locate()
+    except loc.RuntimeNotFound:
+        return
+    if not rt.source.startswith("cache"):
+        return
+    bindings = loc.probe_bindings()
+    stale = [] if bindings.error else bindings.outside(rt)
+    if stale:
+        pytest.fail(f"llama_cpp loads {stale[0]}, not this series' runtime in {rt.bin_dir}: "
+                    f"scripts/build_runtime.sh --python {sys.executable}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def artifacts_dir():
     """Factory: `artifacts_dir(name) -> Path`, an emptied build/test-artifacts/NAME for screenshots and the like."""
