@@ -48,7 +48,7 @@
 #                from ncu ($OUT/step-width-kernels.txt); the width sweep again at 1 and 8 without CUDA graphs
 #   sampler-split the step alone without and with llama-server's sampler chain in the graph (top_k 1 and 40) at
 #                1-8 sequences, and its kernels by name at 8 (ncu): the GPU's part of the served step's excess;
-#                the same for series patch 0023's greedy chain
+#                the same for series patch 0023's greedy chain (SAMPLER_NCU=0: the timings without the ncu part)
 #                ($OUT/step-sampler.jsonl, $OUT/step-sampler-kernels.txt, $OUT/step-sampler-greedy-kernels.txt)
 #   kernel-logits the Hopper decode kernels on and off ($CAND_OFF) on the same inputs at 2, 4, 8 sequences: KL, top-1
 #                and the largest logit difference (decode_step --logits-out, logits_compare.py); $OUT/kernel-logits.txt
@@ -169,10 +169,11 @@ sampler-split)
   done
   # series patch 0023's chain for a greedy request (temperature 0, greedy)
   bash benchmarks/gpu/decode_step.sh $M --seqs 1,2,4,8 --sampler-greedy-chain --tag sampler | tee -a $O/step-sampler.jsonl
-  [ "${SAMPLER_NCU:-1}" = 0 ] && continue  # SAMPLER_NCU=0: the timings only
-  bash benchmarks/gpu/decode_step.sh ncu "--seqs 8" "--seqs 8 --sampler-top-k 40" -- $M | tee $O/step-sampler-kernels.txt
-  bash benchmarks/gpu/decode_step.sh ncu "--seqs 8 --sampler-top-k 1" "--seqs 8 --sampler-greedy-chain" -- $M \
-    | tee $O/step-sampler-greedy-kernels.txt ;;
+  if [ "${SAMPLER_NCU:-1}" != 0 ]; then  # SAMPLER_NCU=0: the timings only
+    bash benchmarks/gpu/decode_step.sh ncu "--seqs 8" "--seqs 8 --sampler-top-k 40" -- $M | tee $O/step-sampler-kernels.txt
+    bash benchmarks/gpu/decode_step.sh ncu "--seqs 8 --sampler-top-k 1" "--seqs 8 --sampler-greedy-chain" -- $M \
+      | tee $O/step-sampler-greedy-kernels.txt
+  fi ;;
 kernel-logits)
   # the Hopper decode kernels against the pinned ones on the same inputs: decode_step at 2, 4 and 8 sequences (8
   # timed steps of fixed random tokens after 1k-token prompts) once with $CAND_OFF and once as built, every logit
