@@ -200,7 +200,6 @@ def test_verifications_of_equal_length_share_a_ubatch(rt):
             row += 1
 
 
-
 @pytest.mark.parametrize("n_rs", [0, N_RS])
 def test_decode_steps_read_each_state_where_it_is(rt, n_rs):
     """Patch memory-recurrent-state-in-place: once each sequence's gated-delta-net state sits in its own cell, a
