@@ -211,7 +211,7 @@ case $job in
   # STREAMS_CANDIDATES=1: the series and then benchmarks/gpu/candidates/*.patch (each with an environment variable
   # that turns it off, so that one build measures before and after) and the decode perf cases of test-backend-ops
   # (the build takes ~5 min: the candidates' own kernel table and the target file are made beside it, then waited for;
-  # MOE_KERNEL=0 leaves the table out, e.g. when docs/moe-kernel-h200.txt already has this tree's)
+  # MOE_KERNEL=0 leaves the table out, e.g. when benchmarks/results/kernels/h200-moe.txt already has this tree's)
   streams) a=(--target llama-batched-bench)
            case " $* " in *" eval"*) a+=(--tests);; esac  # eval, eval-fa: test-backend-ops
            if [ "${STREAMS_CANDIDATES:-0}" = 1 ]; then

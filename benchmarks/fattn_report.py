@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Tables and plot for docs/benchmarks.md (issue 24) from docs/fattn-gqa-h200.json (H200, measured): decode at
+"""Tables and plot for docs/benchmarks.md (issue 24) from benchmarks/results/fattn/h200.json (H200, measured): decode at
 context depth without (b0) and with (b1) the patches for it, drafted decode at depth, one decode step taken apart
 (host time in llama_decode against the whole step) and the flash-attention time per layer of both builds.
 
-    python benchmarks/fattn_report.py [docs/fattn-gqa-h200.json] [-o docs/fattn-gqa-h200.png]
+    python benchmarks/fattn_report.py [benchmarks/results/fattn/h200.json] [-o docs/fattn-gqa-h200.png]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def perf_table(final: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="?", type=Path, default=Path("docs/fattn-gqa-h200.json"))
+    ap.add_argument("json", nargs="?", type=Path, default=Path("benchmarks/results/fattn/h200.json"))
     ap.add_argument("-o", "--out", type=Path, default=Path("docs/fattn-gqa-h200.png"))
     a = ap.parse_args(argv)
     final = json.loads(a.json.read_text())["final"]

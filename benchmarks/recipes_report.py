@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Tables and plots for docs/benchmarks.md from the H200 recipe results (benchmarks/gpu/recipes_h200.sh):
-docs/recipes-h200.json (recipes as users run them), docs/draft-h200.json (oracle-pair drafting economics),
-docs/compute-h200.json (compute buffers). Also the bandwidth-bound decode estimate for a DGX Spark (273 GB/s),
+benchmarks/results/recipes/h200-b4abbb7c94b9.json (recipes as users run them), benchmarks/results/recipes/h200-b4abbb7c94b9-draft.json (oracle-pair drafting economics),
+benchmarks/results/compute/h200-b4abbb7c94b9.json (compute buffers). Also the bandwidth-bound decode estimate for a DGX Spark (273 GB/s),
 from the bytes each file's tensors make a decode step read (routed experts: top-8 of 256).
 
-    .venv/bin/python benchmarks/recipes_report.py [--docs docs]
+    .venv/bin/python benchmarks/recipes_report.py [--recipes J] [--draft J] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -203,10 +203,13 @@ def plot_draft(draft: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=Path, default=ROOT / "docs")
+    res = ROOT / "benchmarks" / "results" / "recipes"
+    ap.add_argument("--recipes", type=Path, default=res / "h200-b4abbb7c94b9.json", help="recipes_h200.sh's recipes")
+    ap.add_argument("--draft", type=Path, default=res / "h200-b4abbb7c94b9-draft.json", help="its `draft` step")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "draft-breakeven-h200.png")
     a = ap.parse_args()
-    recs = json.loads((a.docs / "recipes-h200.json").read_text())
-    draft = json.loads((a.docs / "draft-h200.json").read_text())
+    recs = json.loads(a.recipes.read_text())
+    draft = json.loads(a.draft.read_text())
     print(recipes_table(recs), "\n")
     print(spark_table(recs), "\n")
     print(draft_table(draft), "\n")
@@ -214,8 +217,8 @@ def main() -> None:
     for p in (0.7, 0.8, 0.9):
         e = expected_speedup(rows, 1000 / target, p)
         print(f"p={p}: " + ", ".join(f"n_max {n}: {v:.2f}x" for n, v in e.items()))
-    plot_draft(draft, a.docs / "draft-breakeven-h200.png")
-    print(f"\nplot: {a.docs / 'draft-breakeven-h200.png'}")
+    plot_draft(draft, a.plot)
+    print(f"\nplot: {a.plot}")
 
 
 if __name__ == "__main__":

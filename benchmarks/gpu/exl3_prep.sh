@@ -17,7 +17,7 @@ for t in Q3_K_M Q4_K_M Q5_K_M Q6_K; do $G quantize "$D"/f16/*-F16.gguf -o "$D/ks
 for r in hq3 hq4; do $G quantize "$D"/f16/*-F16.gguf -o "$D/ksafe-$r.gguf" --mix $r > /dev/null; done
 # the published run's 48 rows of 256 token ids (small vocabulary): 24 of ggufbridge/compare/*.py (kind "code"),
 # 24 of docs/compare.md, quant.md, vision.md and README.md (kind "prose") as they were on 2026-11-29, frozen as ids
-ROWS=${ROWS:-docs/compare-exl3-vs-gguf.rows.jsonl}
+ROWS=${ROWS:-benchmarks/results/compare-exl3/rows.jsonl}
 # the reference dump travels to the device: K=64 + 32 samples keeps it at ~10 MB
 $G dump-logits --model "hf:$D/ckpt" --eval "$ROWS" --ctx 256 --top-k 64 --samples 32 \
   -o "$D/hf.safetensors" --rows-out "$D/rows.jsonl" --no-progress

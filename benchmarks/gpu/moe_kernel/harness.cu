@@ -373,7 +373,7 @@ int main() {
         run<GGML_TYPE_Q8_0, false>(dn, rng, stdout);
     }
     // dense Q6_K and Q4_K at 2-8 columns: the model's 8192 x 2048 and 2048 x 4096 projections and its 248,320-row
-    // Q6_K head (the pinned kernel's times at these shapes: docs/mmvq-mmq-h200.txt, test-backend-ops perf)
+    // Q6_K head (the pinned kernel's times at these shapes: benchmarks/results/kernels/h200-mmvq-mmq.txt, test-backend-ops perf)
     for (int ncols : {2, 4, 8}) {
         run_dense<GGML_TYPE_Q6_K>(8192, 2048, ncols, rng, stdout);
         run_dense<GGML_TYPE_Q6_K>(2048, 4096, ncols, rng, stdout);
