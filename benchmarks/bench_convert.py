@@ -6,7 +6,7 @@ llama.cpp's converter does not know MiniCPMV4_7ForConditionalGeneration, so it g
 (text tower only: --no-mmproj). Both run in the same invocation, alternating, each as its own process; peak RSS is
 the child's ru_maxrss. The two outputs are also compared tensor by tensor (an independent check of the mapping).
 
-    .venv/bin/python benchmarks/bench_convert.py [--work DIR] [--repeats 2] [--markdown docs/benchmarks.md]
+    .venv/bin/python -m benchmarks.bench_convert [--work DIR] [--repeats 2] [--markdown docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def main() -> None:
         f"Output check: {same} of {total} tensors byte-identical (type, shape, bytes) between the two files."
         + ("" if not diff else " Differences: " + "; ".join(diff[:8])),
         "",
-        "Command: `.venv/bin/python benchmarks/bench_convert.py --markdown docs/benchmarks.md`",
+        "Command: `.venv/bin/python -m benchmarks.bench_convert --markdown docs/benchmarks.md`",
         "",
     ]
     text = "\n".join(lines)

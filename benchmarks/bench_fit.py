@@ -2,10 +2,10 @@
 """KL-guided mixes (`quantize --fit-bytes`) at given byte budgets, measured against a reference on an eval set.
 
     # the EXL3 comparison (docs/compare.md): at each EXL3 pack's size, on the frozen rows, against the hf dump
-    .venv/bin/python benchmarks/bench_fit.py --src F16.gguf --calibration CAL.txt --work W \
+    .venv/bin/python -m benchmarks.bench_fit --src F16.gguf --calibration CAL.txt --work W \
         --reference logits:hf.safetensors --eval rows.jsonl --exl3 benchmarks/results/compare-exl3/h200.json --out R.json
     # against llama.cpp's Q4_K_M at its exact size (the budget is the Q4_K_M file's size)
-    .venv/bin/python benchmarks/bench_fit.py --src F16.gguf ... --vs Q4_K_M
+    .venv/bin/python -m benchmarks.bench_fit --src F16.gguf ... --vs Q4_K_M
 
 The sensitivity pass runs once (cached under --work) and its time and peak memory are reported. Each budget's
 file is written with the same code path as the CLI (ggufbridge.quant.optimise.fit_quantize) and compared with

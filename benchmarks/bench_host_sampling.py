@@ -1,7 +1,7 @@
 """llama-server's per-token sampling on the host, at this model's vocabulary (docs/benchmarks.md, "Where the
 batch-2…16 decode step goes").
 
-    .venv/bin/python benchmarks/bench_host_sampling.py [--reps 300] [--json OUT.json]
+    .venv/bin/python -m benchmarks.bench_host_sampling [--reps 300] [--json OUT.json]
 
 Without `--backend-sampling`, llama-server samples every generating slot on its main thread after each decode
 (tools/server/server-context.cpp, post_decode: one `common_sampler_sample` per slot), and the GPU waits meanwhile:
@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 _SILENT = None
 
 

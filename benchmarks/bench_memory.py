@@ -6,7 +6,7 @@ The checkpoint is random BF16 written straight to safetensors in the upstream Mi
 tensor per expert, as upstream ships them); only the text tower, converted with --no-mmproj to BF16. Peak RSS is
 the converter process's ru_maxrss, started from a bare launcher.
 
-    .venv/bin/python benchmarks/bench_memory.py [--layers 4] [--work DIR] [--markdown docs/benchmarks.md]
+    .venv/bin/python -m benchmarks.bench_memory [--layers 4] [--work DIR] [--markdown docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def main() -> None:
         "Peak memory follows the largest single tensor, not the checkpoint: the full 40-layer checkpoint (~70 GB) has "
         "the same largest tensors, so it converts within the same bound.",
         "",
-        f"Command: `.venv/bin/python benchmarks/bench_memory.py --layers {args.layers} --markdown docs/benchmarks.md`",
+        f"Command: `.venv/bin/python -m benchmarks.bench_memory --layers {args.layers} --markdown docs/benchmarks.md`",
         "",
     ])
     print(text)

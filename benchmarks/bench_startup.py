@@ -18,16 +18,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# runs the CLI (or code) from GB_BASE when set: the editable install's finder is taken out of the way first
-LAUNCH = ("import os, sys\nb = os.environ.get('GB_BASE')\nif b:\n"
+# runs the CLI (or code) of the tree it is started in (`-c` puts the working folder first on the path); with
+# GB_BASE set (another tree) the editable install's finder is taken out of the way first
+LAUNCH = ("import os, sys\nif os.environ.get('GB_BASE'):\n"
           "    sys.meta_path[:] = [f for f in sys.meta_path\n"
-          "                        if 'editable' not in (getattr(f, '__module__', '') or '')]\n"
-          "    sys.path.insert(0, b)\n")
+          "                        if 'editable' not in (getattr(f, '__module__', '') or '')]\n")
 CLI = LAUNCH + "from ggufbridge.cli import main\nsys.argv = ['ggufbridge'] + sys.argv[1:]\nmain()\n"
 
 
-def timed(argv: list[str], env: dict) -> tuple[float, int, int]:
-    res = subprocess.run(["/usr/bin/time", "-v", *argv], env=env, capture_output=True, text=True)
+def timed(argv: list[str], env: dict, cwd: Path) -> tuple[float, int, int]:
+    res = subprocess.run(["/usr/bin/time", "-v", *argv], env=env, cwd=cwd, capture_output=True, text=True)
     wall = re.search(r"Elapsed \(wall clock\) time .*: (?:(\d+):)?(\d+):([\d.]+)", res.stderr)
     h, m, sec = (float(g) if g else 0.0 for g in wall.groups())
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", res.stderr).group(1))
@@ -77,7 +77,7 @@ def main() -> int:
         for _ in range(a.reps):
             for t, base in trees.items():
                 env = dict(os.environ, **({"GB_BASE": base} if base else {}))
-                wall, rss, rc = timed(argv, env)
+                wall, rss, rc = timed(argv, env, Path(base) if base else ROOT)
                 cells[t].append(f"{wall:.2f} s, {rss} MB" + ("" if rc == 0 else f" (exit {rc})"))
         print(f"| {name} | " + " | ".join(" / ".join(v) for v in cells.values()) + " |", flush=True)
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Video input cost: a 60 s 720p clip through `ggufbridge serve`'s OpenAI API (issue 19), in one run.
 
-    python benchmarks/bench_video.py OUT_DIR [--seconds 60] [--size 1280x720] [--fps 30] [--work DIR]
+    python -m benchmarks.bench_video OUT_DIR [--seconds 60] [--size 1280x720] [--fps 30] [--work DIR]
                                           [--json benchmarks/results/video/cpu.json]
 
 OUT_DIR is a `ggufbridge convert` folder (target + mmproj). The clip is encoded here (H.264, moving content).

@@ -1,7 +1,7 @@
 """Two or more `ggufbridge bench --concurrency` runs side by side: the before/after table and plot of
 docs/benchmarks.md (issue 28), from the runs' concurrency.json files.
 
-    .venv/bin/python benchmarks/concurrency_compare.py series=OFF/concurrency.json candidates=ON/concurrency.json \
+    .venv/bin/python -m benchmarks.concurrency_compare series=OFF/concurrency.json candidates=ON/concurrency.json \
         -o docs/concurrency-h200-candidates.png
 
 Prints a markdown table: per run and number of streams, the aggregate decode tok/s (the sum of the per-stream

@@ -7,8 +7,8 @@ the same transformers): the demo's (tiny spec, real vocabulary, F32 and Q8_0, wi
 beside the F32 one) and the shapes and types the tests convert most (small vocabulary: F16 with a draft, BF16,
 the K-quant-safe BF16 model, the 4x-downsampling vision tower).
 
-    .venv/bin/python benchmarks/conversion_hashes.py --save before.json     # on the old tree
-    .venv/bin/python benchmarks/conversion_hashes.py --check before.json    # on the new: exit 1 on any change
+    .venv/bin/python -m benchmarks.conversion_hashes --save before.json     # on the old tree
+    .venv/bin/python -m benchmarks.conversion_hashes --check before.json    # on the new: exit 1 on any change
 
 Another tree's code is measured with PYTHONPATH=/path/to/that/tree (its ggufbridge is imported first).
 """

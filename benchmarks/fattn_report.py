@@ -3,7 +3,7 @@
 context depth without (b0) and with (b1) the patches for it, drafted decode at depth, one decode step taken apart
 (host time in llama_decode against the whole step) and the flash-attention time per layer of both builds.
 
-    python benchmarks/fattn_report.py [benchmarks/results/fattn/h200.json] [-o docs/fattn-gqa-h200.png]
+    python -m benchmarks.fattn_report [benchmarks/results/fattn/h200.json] [-o docs/fattn-gqa-h200.png]
 """
 
 from __future__ import annotations

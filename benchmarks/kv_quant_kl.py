@@ -6,7 +6,7 @@ grouping (GQA 8), through llama-perplexity's own KL mode on CPU.
 A random-weight fixture says how much the cache types disturb the attention layers relative to each other, not
 what the real model loses; its absolute KL is small because random weights give flat distributions.
 
-    python benchmarks/kv_quant_kl.py OUT_DIR [--ctx 32768] [--json benchmarks/results/kv-quant-kl/cpu-a11b956fe832.json]
+    python -m benchmarks.kv_quant_kl OUT_DIR [--ctx 32768] [--json benchmarks/results/kv-quant-kl/cpu-a11b956fe832.json]
 
 llama-perplexity scores the second half of each --ctx window (tokens ctx/2 .. ctx), so "at 32k" means the
 16k-32k positions of one 32,768-token window.

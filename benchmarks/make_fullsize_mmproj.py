@@ -7,7 +7,7 @@ after layer 6) and the downsample merger into the 2048-wide text model is writte
 checkpoint (F16 noise, ~0.9 GB), then converted by the real converter (`arch.minicpmv4_7_vision.plan_mmproj`)
 and registered in OUT_DIR/manifest.json as the mmproj.
 
-    python benchmarks/make_fullsize_mmproj.py OUT_DIR [--downsample 4x|16x] [--text-hidden 2048]
+    python -m benchmarks.make_fullsize_mmproj OUT_DIR [--downsample 4x|16x] [--text-hidden 2048]
 """
 
 from __future__ import annotations

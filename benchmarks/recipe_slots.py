@@ -3,7 +3,7 @@
 of each recipe's file (recipes_report.py's full-shape tensors, no data), for 1..16 slots, target only and
 with the DSpark draft. Prints the Markdown table of docs/benchmarks.md ("Slots per recipe").
 
-    .venv/bin/python benchmarks/recipe_slots.py
+    .venv/bin/python -m benchmarks.recipe_slots
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
 GIB = 1024**3
 # the file each recipe names first (its `quant` line), as make_fullsize_gguf.py writes it
 FILES = {"rtx4090": "hq3m", "spark": "q8_0", "spark-x2": "bf16", "h200": "q4_k_m", "cpu": "q8_0"}
@@ -47,7 +46,7 @@ def main() -> int:
     from ggufbridge.runtime import memory as pl
     from ggufbridge.runtime.recipes import load_recipe
 
-    import recipes_report as rr  # beside this file (sys.path above)
+    from benchmarks import recipes_report as rr
     draft = pl.DraftShape(n_layer=5, n_head_kv=2, key_length=256, value_length=256, weight_bytes=DRAFT_BYTES,
                           block_size=15)
     rows = ["| recipe | file | context per slot | slots that fit (of 16), experts where one slot has them | "
@@ -71,5 +70,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

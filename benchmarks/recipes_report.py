@@ -4,7 +4,7 @@ benchmarks/results/recipes/h200-b4abbb7c94b9.json (recipes as users run them), b
 benchmarks/results/compute/h200-b4abbb7c94b9.json (compute buffers). Also the bandwidth-bound decode estimate for a DGX Spark (273 GB/s),
 from the bytes each file's tensors make a decode step read (routed experts: top-8 of 256).
 
-    .venv/bin/python benchmarks/recipes_report.py [--recipes J] [--draft J] [--plot PNG]
+    .venv/bin/python -m benchmarks.recipes_report [--recipes J] [--draft J] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
 GIB, MIB = 1024**3, 1024**2
 SPARK_BW = 273e9     # DGX Spark LPDDR5x, bytes/s (vendor figure)
 H200_BW = 4.8e12     # H200 HBM3e, bytes/s (vendor figure)
@@ -28,7 +27,7 @@ def fullshape_tensors(quant: str, layers: int = 40):
     from ggufbridge.arch import qwen35moe as qm
     from ggufbridge.ggufio.plan import ConversionPlan
 
-    import make_fullsize_gguf as mf  # beside this file (sys.path above)
+    from ggufbridge.testkit import fullsize as mf
     s = replace(mf.Shape(), layers="LLLF" * (layers // 4))
     p = qm.TextParams(
         vocab_size=s.vocab, hidden=s.hidden, n_layer=len(s.layers), n_head=s.heads, n_head_kv=s.kv_heads,

@@ -8,7 +8,7 @@ with the span copy on and once with `LLAMA_STATE_SPAN_GET=0` (one device copy pe
 variable is read once per process, hence two). The bytes must be equal; the times are printed beside each other.
 On the CPU backend a "device copy" is a memcpy, so only the equality says something there; on a GPU the times do.
 
-    LLAMA_CPP_LIB_PATH=BIN_DIR .venv/bin/python benchmarks/state_span_check.py MODEL.gguf [--seqs 4] [--prompt 32]
+    LLAMA_CPP_LIB_PATH=BIN_DIR .venv/bin/python -m benchmarks.state_span_check MODEL.gguf [--seqs 4] [--prompt 32]
         [--steps 64] [--gpu]
 
 BIN_DIR: a runtime of the series (scripts/build_runtime.sh); exit 1 if the bytes differ, 2 on bad arguments.

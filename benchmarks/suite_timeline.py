@@ -3,9 +3,9 @@
 worker, which file ran when, its wall and CPU time (the worker's own plus the processes it started and reaped), and
 the order in which tests/conftest.py's LONGEST_FIRST should hand the files out (longest first).
 
-    .venv/bin/python benchmarks/suite_timeline.py                    # the whole suite, -m "not gpu"
-    .venv/bin/python benchmarks/suite_timeline.py --plot suite.png   # ... and a timeline of the workers
-    .venv/bin/python benchmarks/suite_timeline.py -- tests/test_quant.py   # pytest arguments after --
+    .venv/bin/python -m benchmarks.suite_timeline                    # the whole suite, -m "not gpu"
+    .venv/bin/python -m benchmarks.suite_timeline --plot suite.png   # ... and a timeline of the workers
+    .venv/bin/python -m benchmarks.suite_timeline -- tests/test_quant.py   # pytest arguments after --
 
 It is also the pytest plugin that records the timeline (`-p suite_timeline`, writing one file per worker into
 $SUITE_TIMELINE_DIR). The suite's wall time is pytest's own figure; run it on a quiet machine, or read the CPU

@@ -1,4 +1,4 @@
-"""benchmarks/make_fullsize_gguf.py: the random-weight full-shape GGUFs behind the H200 measurements (issue 8).
+"""ggufbridge.testkit.fullsize (`python -m benchmarks.make_fullsize_gguf`): the random-weight full-shape GGUFs behind the H200 measurements (issue 8).
 
 References: gguf-py's dequantiser for the hand-built blocks, llama-quantize's own --dry-run for the Q4_K_M type
 choices, and the pinned runtime (bindings) for loading the files. The files carry the real 248,144-entry vocabulary,
@@ -8,10 +8,8 @@ GGUFReader itself, which spends ~12 s per file on the vocabulary's metadata befo
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,13 +19,9 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from ggufbridge.ggufio.reader import read_header
+from ggufbridge.testkit import fullsize as mf
 from _cores import THREADS
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("make_fullsize_gguf", ROOT / "benchmarks" / "make_fullsize_gguf.py")
-mf = importlib.util.module_from_spec(_spec)
-sys.modules["make_fullsize_gguf"] = mf
-_spec.loader.exec_module(mf)
 
 
 @pytest.fixture(scope="module")

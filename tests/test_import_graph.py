@@ -88,7 +88,9 @@ LAYERS: dict[str, set[str]] = {
     "checkpoint": LEAVES,
     "ggufio": LEAVES | {"checkpoint"},
     "arch": LEAVES | {"checkpoint", "ggufio"},
-    "testkit": LEAVES | {"ggufio", "compare"},
+    # what tests and benchmarks build with: synthetic models (the full-size one from the converters' tensor plans and
+    # the quantisation mixes), hostile inputs run against a real server; never imported by the product below `demo`
+    "testkit": LEAVES | {"checkpoint", "ggufio", "arch", "vision", "runtime", "compare", "quant"},
     "vision": LEAVES | {"ggufio"},
     "runtime": LEAVES | {"checkpoint", "ggufio", "vision"},  # checkpoint: hub downloads of GGUF repos
     "compare": LEAVES | {"checkpoint", "ggufio"},

@@ -1,6 +1,6 @@
 """The decode step's timings of the `cand-timing` step (concurrency_h200.sh) side by side: ms per step at each number
 of sequences for each configuration, and the aggregate tok/s of N sequences against one sequence of the same
-configuration. Usage: python3 benchmarks/gpu/cand_timing.py DIR (DIR holds decode-timing-<config>.json)."""
+configuration. Usage: python3 -m benchmarks.gpu.cand_timing DIR (DIR holds decode-timing-<config>.json)."""
 
 import json
 import sys
@@ -28,6 +28,6 @@ def main(folder: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python3 benchmarks/gpu/cand_timing.py DIR (holding decode-timing-<config>.json)", file=sys.stderr)
+        print("usage: python3 -m benchmarks.gpu.cand_timing DIR (holding decode-timing-<config>.json)", file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1]))

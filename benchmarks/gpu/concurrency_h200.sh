@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Device job `benchmarks/device.sh streams STEP...` (issue 28): many clients at once on one H200, at the real
 # 35B-A3B shapes, on the runtime device.sh built (with --target llama-batched-bench).
-# First run on the H200 2026-12-02 (where, kernels, bench, bench-host; docs/benchmarks.md). Steps, in order (each
-# skips what is already there, so a warm machine resumes); `all` = build timing bench bench-host bench-draft, the
-# one call that measures the issue's before/after (~9 min on a bare machine with the runtime build, most of it the
-# build; the steps most worth having come first, so a call cut short keeps them; see docs/benchmarks.md "Where
-# the batch-2…16 decode step goes"):
+# Steps, in order (each skips what is already there, so a warm machine resumes); `all` = build timing bench bench-off
+# bench-host bench-draft: the series against its own performance patches off, in one build (~10 min on a bare machine
+# with the runtime build, most of it the build; the steps most worth having come first, so a call cut short keeps
+# them). Before/after steps of patches that have since joined the series are gone (benchmarks/README.md says which);
+# their results are in git history:
 #   build        the file set (make_fullsize_gguf.py, random weights, its DSpark draft) on a RAM-backed tmpfs: hq3m
 #                (the issue's), or STREAMS_QUANT=q4_k_m / q8_0 (the h200 recipe's own files)
 #   build-target the same without the draft (for the target-only steps: ~30 s instead of ~70)
@@ -13,33 +13,17 @@
 #                (decode_profile.py --timing-only); $OUT/decode-timing-h200.json
 #   timing-kvu   the same with the server's KV layout, one unified pool (-kvu): each query spans every slot's cells
 #                (the server's step beside `timing`'s); $OUT/decode-timing-kvu.json
-#   bench-off    `bench` with the decode kernels of issue 28 off (series patches 0017-0022 and the candidates, $CAND_OFF):
-#                the pinned kernels, the anchor beside `bench` in one build; $OUT/concurrency-off/*
+#   bench-off    `bench` with every performance patch of the series that has an off switch off ($CAND_OFF: the
+#                decode kernels 0017-0020 and 0022, 0021's span copy, 0023's greedy chain, 0024's in-place state
+#                read, and the candidates): the anchor beside `bench` in one build; $OUT/concurrency-off/*
 #   bench        `ggufbridge bench --concurrency 1,2,4,8 --repeats 3` on that file, target only, the h200 recipe as shipped
 #                (its sampler chains in the graph: server.backend_sampling) with q8_0 KV as the issue's table: one
 #                llama-server with -np 8 (the planner's slots: a unified pool, each slot capped at its context),
 #                1k-token prompts, 128 generated tokens per stream; $OUT/concurrency/*
-#   bench-run2, bench-run3  `bench` again, into $OUT/concurrency-run2/*, $OUT/concurrency-run3/*
+#   bench-run2, bench-run3  `bench` again, into $OUT/concurrency-run2/*, $OUT/concurrency-run3/* (a median of 3);
+#                bench-off-run2, bench-off-run3 the same for `bench-off`
 #   bench-host   the same with each slot's sampler chain on the server thread between decodes
 #                (backend_sampling = false: the runtime's default, the issue's before-table); $OUT/concurrency-host/*
-#   bench-b512   `bench` with server.batch = 512 (prefill in one-ubatch chunks: a stream already decoding waits for
-#                one 512-token step per chunk of another stream's prompt instead of 2048); $OUT/concurrency-b512/*
-#   bench-b8192  the other way: server.batch = 8192, so that prompts arriving together are prefilled in one or two
-#                server iterations and their streams then decode in step (measured 2026-12-02: the three streams
-#                prefilled first decode at ~56 tok/s while the other five prompts prefill, 86-91 once all decode;
-#                TTFT p50 did not grow); since session 14 `serve` gives 8 slots -b 8192 itself; $OUT/concurrency-b8192/*
-#   bench-before `bench` as the 19-patch series was served: series patches 0020-0024 off, -b 2048 (the before of
-#                the issue's table in the same build); $OUT/concurrency-before/*
-#   bench-22     `bench` as the 22-patch series was served (0023-0024 off: the before of this session's two);
-#                $OUT/concurrency-22/*
-#   bench-nogreedy, bench-noinplace  `bench` with patch 0023's greedy chain off, with 0024's in-place state read
-#                off (each one's served share, same build); $OUT/concurrency-nogreedy/*, $OUT/concurrency-noinplace/*
-#   greedy-check patch 0023 at full shape: benchmarks/greedy_chain_check.py (served text per stream equal with the
-#                greedy chain on and off, drafted and not, 1 and 4 streams; the chains from the trace log);
-#                $OUT/greedy-check.txt
-#   bench-noskip `bench` with patch 0022's tile skip off (its served share, same build); $OUT/concurrency-noskip/*
-#   timing-kvu-noskip  `timing-kvu` with the tile skip off; $OUT/decode-timing-kvu-noskip.json
-#   timing-kvu-noinplace  `timing-kvu` with patch 0024's in-place state read off; $OUT/decode-timing-kvu-noinplace.json
 #   eval-fa      test-backend-ops on CUDA0: FLASH_ATTN_EXT (the unified-pool cases, every q8_0/q4_0 case), TOP_K
 #   bench-draft  `--concurrency 1,4 --draft`: drafted text = target-only text per stream at full shape (the CPU
 #                test's H200 form) and the drafted speed at 4 streams; $OUT/concurrency-draft/*
@@ -89,27 +73,16 @@ mountpoint -q $S || mount -t tmpfs -o size=60G tmpfs $S || echo "no tmpfs at $S"
 printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\n' > $R/h200-q8kv.toml
 printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
   > $R/h200-q8kv-host.toml
-# the same with prefill in chunks of one ubatch: a decoding stream waits one 512-token step, not four, for each
-# prefill step of another stream's prompt (server.batch 2048 -> 512)
-printf 'base = "h200"\nname = "h200-q8kv-b512"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 512\n' \
-  > $R/h200-q8kv-b512.toml
-printf 'base = "h200"\nname = "h200-q8kv-b8192"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbatch = 8192\n' \
-  > $R/h200-q8kv-b8192.toml
-# the 19-patch series' served configuration: -b 2048 whatever the slots (the planner now gives 8 slots -b 8192;
-# extra_args come last, so this -b wins)
-printf 'base = "h200"\nname = "h200-q8kv-b2048"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nextra_args = ["-b", "2048"]\n' \
-  > $R/h200-q8kv-b2048.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
 # the candidates off (the series as shipped): multi-column mat-vec (candidate 0025)
 SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0"
-# session 15's series patches off: the greedy chain (0023), the in-place recurrent state read (0024)
-NEW24_OFF="LLAMA_SAMPLER_GREEDY_CHAIN=0 LLAMA_RS_IN_PLACE=0"
-# the series' issue-28 work after the 19-patch series off: two-pass top-k (0020), state-save span copy (0021), tile
-# skip in the quantized flash attention (0022)
-NEW_OFF="GGML_CUDA_TOPK_TILES=0 LLAMA_STATE_SPAN_GET=0 GGML_CUDA_FA_MMA_Q_TILE_SKIP=0"
-# and the series' Hopper decode kernels off too: MoE mat-vecs (0017; MOE_SHAPED=0 turns the row-per-warp kernels off
-# too), thin F32 (0018), crossover row (0019); i.e. the pinned kernels
-CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 $NEW_OFF $NEW24_OFF $SERIES_ONLY"
+# every performance patch of the series with an off switch off: the Hopper decode kernels (MoE mat-vecs 0017, whose
+# MOE_SHAPED=0 turns the row-per-warp kernels off too; thin F32 0018; crossover row 0019), two-pass top-k (0020),
+# state-save span copy (0021), tile skip in the quantized flash attention (0022), the greedy chain (0023), the
+# in-place recurrent state read (0024), and the candidates
+CAND_OFF="GGML_CUDA_MOE_SHAPED=0 GGML_CUDA_MMVF_THIN_F32=0 GGML_CUDA_MMVQ_HOPPER=0 GGML_CUDA_TOPK_TILES=0
+          LLAMA_STATE_SPAN_GET=0 GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 LLAMA_SAMPLER_GREEDY_CHAIN=0 LLAMA_RS_IN_PLACE=0
+          $SERIES_ONLY"
 tbo() { timeout "$1" "$RUNTIME_BIN/test-backend-ops" "${@:2}" 2>&1 | sed -u -e 's/\x1b\[[0-9;]*m//g'; }
 t() { echo "== $(date +%T) $*"; }
 # the issue's served measurement on recipe RECIPE into $O/OUT, with the variables VAR=VALUE set (a kernel off):
@@ -125,26 +98,25 @@ cbench() {  # RECIPE OUT [VAR=VALUE...]
 ctiming() {  # OUT EXTRA [VAR=VALUE...]
   local out=$1 extra=$2
   shift 2
-  env "$@" timeout 240 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
+  env "$@" timeout 240 python3 -m benchmarks.gpu.decode_profile "$RUNTIME_BIN" "$(model)" --timing-only \
     ${extra:+"--extra=$extra"} --timing-npl 1,2,4,8,16 --ntg 64 --json $O/$out.json 2>&1 | tail -20
 }
-steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-host bench-draft)
+steps=("$@"); [ "${1:-}" = all ] && steps=(build timing bench bench-off bench-host bench-draft)
 Q=${STREAMS_QUANT:-hq3m}; D=$S/$Q
 model() { echo $D/target.gguf; }
 for step in "${steps[@]}"; do t "$step"; case $step in
 build)
-  [ -f $D/draft.gguf ] || python3 benchmarks/make_fullsize_gguf.py $D --tokenizer "$DEVICE_DIR/tok" \
+  [ -f $D/draft.gguf ] || python3 -m benchmarks.make_fullsize_gguf $D --tokenizer "$DEVICE_DIR/tok" \
     --quant $Q 2>&1 | tail -3
   ls -la $D ;;
 build-target)
-  [ -f $D/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $D --tokenizer "$DEVICE_DIR/tok" \
+  [ -f $D/manifest.json ] || python3 -m benchmarks.make_fullsize_gguf $D --tokenizer "$DEVICE_DIR/tok" \
     --quant $Q --no-draft 2>&1 | tail -3 ;;
 timing) ctiming decode-timing-h200 "" ;;
 timing-kvu) ctiming decode-timing-kvu "-ctk q8_0 -ctv q8_0 -kvu" ;;
 bench) cbench h200-q8kv concurrency ;;
 bench-run2|bench-run3) cbench h200-q8kv concurrency-${step#bench-} ;;  # `bench` again in the same call (run-to-run spread)
 bench-host) cbench h200-q8kv-host concurrency-host ;;
-bench-b512|bench-b8192) cbench h200-q8kv-${step#bench-} concurrency-${step#bench-} ;;
 bench-draft)
   timeout 300 python3 -m ggufbridge bench $D --recipe $R/h200-q8kv.toml --concurrency 1,4 --draft \
     --prompt-lengths 1k -n 128 -o $O/concurrency-draft 2>&1 | tail -20 ;;
@@ -182,13 +154,13 @@ kernel-logits)
   for n in 2 4 8; do
     env $CAND_OFF bash benchmarks/gpu/decode_step.sh $M --seqs $n --logits-out $WORK/logits-off-$n.bin > /dev/null
     bash benchmarks/gpu/decode_step.sh $M --seqs $n --logits-out $WORK/logits-on-$n.bin > /dev/null
-    python3 benchmarks/gpu/logits_compare.py $WORK/logits-off-$n.bin $WORK/logits-on-$n.bin "$n sequences, off -> on"
+    python3 -m benchmarks.gpu.logits_compare $WORK/logits-off-$n.bin $WORK/logits-on-$n.bin "$n sequences, off -> on"
   done | tee $O/kernel-logits.txt ;;
 kernels)
   # the step's kernels by name at 1 and 8 sequences on a 4-layer proxy (3 gated delta-net + 1 attention layer at
   # the real widths: a tenth of the model's layers, the whole output head), quick to write and to profile; and
   # llama.cpp's own MoE mat-vec timings at 1, 4 and 8 tokens (test-backend-ops perf, 128 experts of 768 x 2048)
-  [ -f $S/p4-$Q/manifest.json ] || python3 benchmarks/make_fullsize_gguf.py $S/p4-$Q --tokenizer "$DEVICE_DIR/tok" \
+  [ -f $S/p4-$Q/manifest.json ] || python3 -m benchmarks.make_fullsize_gguf $S/p4-$Q --tokenizer "$DEVICE_DIR/tok" \
     --quant $Q --layers 4 --no-draft 2>&1 | tail -2
   M="-m $S/p4-$Q/target.gguf --kv q8_0 --depths 1024 --slots 16 --ctx 4096"
   bash benchmarks/gpu/decode_step.sh $M --seqs 1,8 --tag proxy4 | tee -a $O/step-width.jsonl
@@ -215,18 +187,7 @@ eval)
     tbo 200 -o MUL_MAT -b CUDA0 -p "type_a=(f32|q3_K|q4_K|q5_K|q6_K|q8_0),type_b=f32" | grep -E "FAIL|tests passed"
   } | tee $O/eval.txt ;;
 bench-off) cbench h200-q8kv concurrency-off $CAND_OFF ;;
-bench-noskip) cbench h200-q8kv concurrency-noskip GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 ;;  # 0022's served share, same build
-timing-kvu-noskip) ctiming decode-timing-kvu-noskip "-ctk q8_0 -ctv q8_0 -kvu" GGML_CUDA_FA_MMA_Q_TILE_SKIP=0 ;;
-timing-kvu-noinplace) ctiming decode-timing-kvu-noinplace "-ctk q8_0 -ctv q8_0 -kvu" LLAMA_RS_IN_PLACE=0 ;;
-bench-before)
-  # the 19-patch series as it was served: its kernels, -b 2048 (the "before" of the issue's table, same build)
-  cbench h200-q8kv-b2048 concurrency-before $NEW_OFF $NEW24_OFF $SERIES_ONLY ;;
-bench-22) cbench h200-q8kv concurrency-22 $NEW24_OFF $SERIES_ONLY ;;
-bench-nogreedy) cbench h200-q8kv concurrency-nogreedy LLAMA_SAMPLER_GREEDY_CHAIN=0 $SERIES_ONLY ;;
-bench-noinplace) cbench h200-q8kv concurrency-noinplace LLAMA_RS_IN_PLACE=0 $SERIES_ONLY ;;
-greedy-check)
-  LLAMA_CPP_BIN=$RUNTIME_BIN timeout 400 python3 benchmarks/greedy_chain_check.py $D --levels 1,4 -n 64 --base h200 2>&1 \
-    | tee $O/greedy-check.txt ;;
+bench-off-run2|bench-off-run3) cbench h200-q8kv concurrency-off-${step#bench-off-} $CAND_OFF ;;
 eval-fa)
   # the quantized flash attention with the tile skip (0022) against the CPU: the unified-pool masks (n_seq=) and
   # every q8_0 / q4_0 K/V case
@@ -237,7 +198,7 @@ state-span)
   # series patch 0021: 8 sequences of 1k-token prompts decoded 128 steps together in one pool, then each one's state
   # saved (what llama-server's idle-slot save does), with one copy per cell range and with the span copy: equal
   # bytes, and the save times
-  LLAMA_CPP_LIB_PATH=$RUNTIME_BIN timeout 300 python3 benchmarks/state_span_check.py "$(model)" --gpu --seqs 8 \
+  LLAMA_CPP_LIB_PATH=$RUNTIME_BIN timeout 300 python3 -m benchmarks.state_span_check "$(model)" --gpu --seqs 8 \
     --prompt 1024 --steps 128 2>&1 | tee $O/state-span.txt ;;
 bench-series) cbench h200-q8kv concurrency-series $SERIES_ONLY ;;
 cand-timing)
@@ -249,10 +210,10 @@ cand-timing)
   for v in "off:$CAND_OFF" "on:" "moe-only:$T GGML_CUDA_MMVQ_COLS=0" \
            "shaped-only:$T GGML_CUDA_MMVQ_COLS=0 GGML_CUDA_MOE_ROWWARP=0" "cols-only:$T GGML_CUDA_MOE_SHAPED=0" \
            "series:$SERIES_ONLY"; do
-    env ${v#*:} timeout 120 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" --timing-only \
+    env ${v#*:} timeout 120 python3 -m benchmarks.gpu.decode_profile "$RUNTIME_BIN" "$(model)" --timing-only \
       --timing-npl 1,2,4,8 --ntg 64 --json $O/decode-timing-${v%%:*}.json > $L/timing-${v%%:*}.log 2>&1
   done
-  python3 benchmarks/gpu/cand_timing.py $O | tee $O/cand-timing.txt ;;
+  python3 -m benchmarks.gpu.cand_timing $O | tee $O/cand-timing.txt ;;
 cand-perf)
   { # the MoE mat-vec at the model's expert shapes: stock (0) and the shaped kernel (1)
     for shape in 0 1; do
@@ -272,12 +233,11 @@ cand-perf)
     done
   } | tee $O/cand-perf.txt ;;
 profile)
-  timeout 580 python3 benchmarks/gpu/decode_profile.py "$RUNTIME_BIN" "$(model)" \
+  timeout 580 python3 -m benchmarks.gpu.decode_profile "$RUNTIME_BIN" "$(model)" \
     --npl 1,8 --json $O/decode-profile-h200.json 2>&1 | tail -20 ;;
 *) echo "streams: unknown step $step (all build build-target timing timing-kvu where sampler-split kernel-logits kernels bench bench-off
-   bench-run2 bench-run3 bench-host bench-b512 bench-b8192 bench-draft bench-before bench-22 bench-nogreedy bench-noinplace greedy-check
-   bench-noskip timing-kvu-noskip timing-kvu-noinplace eval-fa crossover profile; with STREAMS_CANDIDATES=1: eval state-span bench-series cand-timing
-   cand-perf)" >&2
+   bench-run2 bench-run3 bench-off-run2 bench-off-run3 bench-host bench-draft eval-fa crossover profile; with STREAMS_CANDIDATES=1: eval
+   state-span bench-series cand-timing cand-perf)" >&2
    exit 2 ;;
 esac; keep_logs; done
 t done

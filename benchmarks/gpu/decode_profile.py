@@ -12,7 +12,7 @@ concurrency_h200.sh on the device, stdlib only).
   how much of the step is not kernel time (launch gaps, host work). ncu serialises kernels and the runs use
   GGML_CUDA_DISABLE_GRAPHS=1 so each kernel is seen, which is why the timing comes from the first run.
 
-    python3 benchmarks/gpu/decode_profile.py BIN_DIR MODEL.gguf --npl 1,8 --json OUT.json
+    python3 -m benchmarks.gpu.decode_profile BIN_DIR MODEL.gguf --npl 1,8 --json OUT.json
 """
 
 from __future__ import annotations

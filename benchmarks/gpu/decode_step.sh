@@ -26,10 +26,9 @@ for v in A B; do
 done
 grep -h "^==" "$L/A.csv" "$L/A.err" | sort | uniq -c | head -5  # ncu's notes (e.g. "No kernels were profiled")
 grep -q '"ID"' "$L/A.csv" || { echo "ncu wrote no kernel table:"; head -c 1500 "$L/A.csv"; tail -c 1500 "$L/A.err"; }
-python3 - "$HERE" "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
+python3 - "$L/A.csv" "$L/B.csv" "$A" "$B" <<'PY'
 import sys
-sys.path.insert(0, sys.argv.pop(1))
-from decode_profile import parse_ncu_csv  # the one reader of ncu's CSV
+from benchmarks.gpu.decode_profile import parse_ncu_csv  # the one reader of ncu's CSV
 def kernels(path):  # kernel name -> microseconds per step (2 steps profiled)
     return {k: sum(ns) / 2e3 for k, ns in parse_ncu_csv(open(path).read()).items()}
 a, b = kernels(sys.argv[1]), kernels(sys.argv[2])

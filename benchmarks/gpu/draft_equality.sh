@@ -3,5 +3,5 @@
 # (draft_equality_prep.py), then greedy output with and without the draft on each (draft_equality.py), on the
 # patched runtime device.sh built.
 set -uo pipefail
-python3 benchmarks/gpu/draft_equality_prep.py "$WORK/draft-equality" || exit 1
-timeout 120 python3 benchmarks/gpu/draft_equality.py "$RUNTIME_BIN" "$WORK/draft-equality" 2>&1 | tee "$OUT/check.txt"
+python3 -m benchmarks.gpu.draft_equality_prep "$WORK/draft-equality" || exit 1
+timeout 120 python3 -m benchmarks.gpu.draft_equality "$RUNTIME_BIN" "$WORK/draft-equality" 2>&1 | tee "$OUT/check.txt"

@@ -1,7 +1,7 @@
 """Tiny target + DSpark draft pairs for draft_equality.py: an oracle pair (the draft knows the target's greedy
 continuation) and a random pair, converted into OUT/oracle and OUT/random.
 
-    python3 benchmarks/gpu/draft_equality_prep.py OUT
+    python3 -m benchmarks.gpu.draft_equality_prep OUT
 """
 import sys
 import tempfile

@@ -20,7 +20,7 @@ import random
 import statistics
 import sys
 
-from draft_equality import OUT, run
+from benchmarks.gpu.draft_equality import OUT, run
 
 N, H = 64, 16  # tokens generated per prompt; generated tokens prefilled by the control
 

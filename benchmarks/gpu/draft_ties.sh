@@ -4,7 +4,7 @@
 set -uo pipefail
 T0=$SECONDS
 FS=$WORK/fullsize-pair
-[ -f "$FS/manifest.json" ] || python3 benchmarks/make_fullsize_gguf.py "$FS" --tokenizer "$DEVICE_DIR/tok" > "$OUT/gen.log" 2>&1 \
+[ -f "$FS/manifest.json" ] || python3 -m benchmarks.make_fullsize_gguf "$FS" --tokenizer "$DEVICE_DIR/tok" > "$OUT/gen.log" 2>&1 \
   || { tail -20 "$OUT/gen.log"; exit 1; }
 echo "generated in $((SECONDS - T0)) s"
-cd benchmarks/gpu && timeout 240 python3 draft_ties.py "$RUNTIME_BIN" "$FS"
+timeout 240 python3 -m benchmarks.gpu.draft_ties "$RUNTIME_BIN" "$FS"

@@ -11,9 +11,9 @@
 
 Target-only rows at depth are recipe_bench.py measure with a recipe file from `recipe` (a KV type over h200).
 
-    python3 benchmarks/gpu/fattn_bench.py recipe DIR --kv q8_0 [--draft-n-max 4]      (prints the recipe path)
-    python3 benchmarks/gpu/fattn_bench.py exact MODEL --bins B0,B0,B1 [--envs "K=V,K=V,"] --kv q8_0 --depth 32k --json F
-    python3 benchmarks/gpu/fattn_bench.py drafted ORACLE --bin B --kv q8_0 --lengths 1k,32k --tag T --json F
+    python3 -m benchmarks.gpu.fattn_bench recipe DIR --kv q8_0 [--draft-n-max 4]      (prints the recipe path)
+    python3 -m benchmarks.gpu.fattn_bench exact MODEL --bins B0,B0,B1 [--envs "K=V,K=V,"] --kv q8_0 --depth 32k --json F
+    python3 -m benchmarks.gpu.fattn_bench drafted ORACLE --bin B --kv q8_0 --lengths 1k,32k --tag T --json F
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import recipe_bench as rb  # noqa: E402
-
-from ggufbridge.runtime import benchmark as bn  # noqa: E402
-from ggufbridge.runtime import server as sv  # noqa: E402
-from ggufbridge.runtime.session import prepare  # noqa: E402
+from benchmarks.gpu import recipe_bench as rb
+from ggufbridge.runtime import benchmark as bn
+from ggufbridge.runtime import server as sv
+from ggufbridge.runtime.session import prepare
 
 
 def recipe_file(dest: Path, kv: str, ctx: int, draft_n_max: int = 0) -> str:

@@ -30,7 +30,7 @@ t() { echo "== $(date +%T) $*"; }
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }  # the logs travel back as one file
 gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
   local d=$1; shift
-  [ -f $d/manifest.json ] || { python3 benchmarks/make_fullsize_gguf.py $d --tokenizer "$DEVICE_DIR/tok" "$@" 2>&1 | tail -2; }
+  [ -f $d/manifest.json ] || { python3 -m benchmarks.make_fullsize_gguf $d --tokenizer "$DEVICE_DIR/tok" "$@" 2>&1 | tail -2; }
 }
 ln -sfn "$RUNTIME_BIN" $WORK/b1
 OFF=GGML_CUDA_FA_MMA_Q_MAX_BATCH=0  # the patch's kernel off: the stock kernel choice
@@ -87,7 +87,7 @@ PY
   ;;
 exact-q8_0|exact-q4_0)
   B0=$(bin b0) || exit 1
-  python3 benchmarks/gpu/fattn_bench.py exact $S/hq3m --bins $B0,$B0,$(bin b1) --envs "$(benv b0),$(benv b0),$(benv b1)" \
+  python3 -m benchmarks.gpu.fattn_bench exact $S/hq3m --bins $B0,$B0,$(bin b1) --envs "$(benv b0),$(benv b0),$(benv b1)" \
     --kv ${step#exact-} --depth 32k --json $O/exact.json --logdir $L ;;
 depth-q8_0|depth-q4_0|depth-f16)
   kv=${step#depth-}
@@ -95,8 +95,8 @@ depth-q8_0|depth-q4_0|depth-f16)
     # f16 K/V never reach the kernel: with b0 the env switch, b0 would be b1
     [ $kv = f16 ] && [ $b = b0 ] && [ "${FATTN_B0:-}" != build ] && continue
     B=$(bin $b) || exit 1
-    r=$(python3 benchmarks/gpu/fattn_bench.py recipe $R --kv $kv)
-    env $(benv $b) python3 benchmarks/gpu/recipe_bench.py measure $S/hq3m --recipe $r --tag $b-$kv --ctx 262144 \
+    r=$(python3 -m benchmarks.gpu.fattn_bench recipe $R --kv $kv)
+    env $(benv $b) python3 -m benchmarks.gpu.recipe_bench measure $S/hq3m --recipe $r --tag $b-$kv --ctx 262144 \
       --lengths $LENGTHS --llama-bin $B --json $O/depth.json --logdir $L 2>&1 | grep -v "log accounting"
   done ;;
 where-q8_0|where-q4_0|where-f16)
@@ -114,7 +114,7 @@ kernels-q8_0|kernels-q4_0|kernels-f16)
     | tee $O/where-kernels-$kv.txt ;;
 drafted-b0|drafted-b1)
   b=${step#drafted-}; B=$(bin $b) || exit 1
-  env $(benv $b) python3 benchmarks/gpu/fattn_bench.py drafted $S/oracle --bin $B --kv q8_0 --n-max 4 \
+  env $(benv $b) python3 -m benchmarks.gpu.fattn_bench drafted $S/oracle --bin $B --kv q8_0 --n-max 4 \
     --lengths $LENGTHS --tag drafted-$b-q8_0 --json $O/drafted.json --logdir $L ;;
 *) echo "fattn: unknown step $step (build kernel fatest exact-KV depth-KV where-KV kernels-KV drafted-b0 drafted-b1)" >&2; exit 2 ;;
 esac; keep_logs; done

@@ -1,6 +1,6 @@
 """Two `decode_step --logits-out` files of the same inputs side by side (a kernel off, then on): per sequence and
 step, the KL divergence of the second's distribution from the first's, whether the top token is the same, and the
-largest logit difference. Usage: python3 benchmarks/gpu/logits_compare.py REF.bin TEST.bin [LABEL]
+largest logit difference. Usage: python3 -m benchmarks.gpu.logits_compare REF.bin TEST.bin [LABEL]
 Exit 1 if a file is missing or not such a file or the two differ in shape, 2 on a wrong argument count."""
 
 import sys
@@ -38,6 +38,6 @@ def main(ref_path: str, test_path: str, label: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
-        print("usage: python3 benchmarks/gpu/logits_compare.py REF.bin TEST.bin [LABEL]", file=sys.stderr)
+        print("usage: python3 -m benchmarks.gpu.logits_compare REF.bin TEST.bin [LABEL]", file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else "logits"))

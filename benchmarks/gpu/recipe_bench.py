@@ -11,9 +11,9 @@ with exactly the argv `ggufbridge serve --recipe R` builds from its memory plan,
 
 Every result is appended to the JSON file as soon as it exists, so a run cut short keeps what it measured.
 
-    python3 benchmarks/gpu/recipe_bench.py measure DIR --recipe rtx4090 --ctx 262144 --lengths 1k,32k --json F
-    python3 benchmarks/gpu/recipe_bench.py draft DIR --n-max 2,4,8,15 --json F
-    python3 benchmarks/gpu/recipe_bench.py compute DIR --recipe h200 --ub 512,2048 --ctx 8192,262144 --json F
+    python3 -m benchmarks.gpu.recipe_bench measure DIR --recipe rtx4090 --ctx 262144 --lengths 1k,32k --json F
+    python3 -m benchmarks.gpu.recipe_bench draft DIR --n-max 2,4,8,15 --json F
+    python3 -m benchmarks.gpu.recipe_bench compute DIR --recipe h200 --ub 512,2048 --ctx 8192,262144 --json F
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ O=$OUT
 M=$WORK/m; S=$WORK/shm; L=$WORK/logs; mkdir -p $M $S $L
 mountpoint -q $S || mount -t tmpfs -o size=118G tmpfs $S || echo "no tmpfs at $S"
 J=$O/recipes-h200.json
-RB="python3 benchmarks/gpu/recipe_bench.py"
+RB="python3 -m benchmarks.gpu.recipe_bench"
 gen() {  # gen DIR ARGS...: one random-weight file set, unless already there
   local d=$1; shift
-  [ -f $d/manifest.json ] || { python3 benchmarks/make_fullsize_gguf.py $d --tokenizer "$DEVICE_DIR/tok" "$@" 2>&1 | tail -3; }
+  [ -f $d/manifest.json ] || { python3 -m benchmarks.make_fullsize_gguf $d --tokenizer "$DEVICE_DIR/tok" "$@" 2>&1 | tail -3; }
 }
 keep_logs() { tar -czf $O/logs.tgz -C $L . 2>/dev/null; }
 t() { echo "== $(date +%T) $*"; df -h / $S | tail -2 | awk '{print "   " $6, $3 "/" $2}'; }
@@ -55,7 +55,7 @@ spark)
   rm -rf $M/q8; gen $M/q6k --quant q6_k --no-draft; $RB measure $M/q6k --recipe spark --tag spark-q6k --lengths 1k,32k --json $J --logdir $L ;;
 rpc)
   gen $M/q8 --quant q8_0 --no-draft
-  ls $M/q8/mmproj-* >/dev/null 2>&1 || python3 benchmarks/make_fullsize_mmproj.py $M/q8 2>&1 | tail -1  # its device
+  ls $M/q8/mmproj-* >/dev/null 2>&1 || python3 -m benchmarks.make_fullsize_mmproj $M/q8 2>&1 | tail -1  # its device
   G=$(nvidia-smi -L | wc -l); R=$WORK/rpc-recipes; mkdir -p $R
   printf 'base = "h200"\nname = "h200-host+1"\n[rpc]\nworkers = 1\nworker_gib = 139\nworker_headroom_gib = 4\n' > $R/host1.toml
   printf 'base = "h200"\nname = "h200-2workers"\n[memory]\ngpu_gib = []\n[rpc]\nworkers = 2\nworker_gib = 139\nworker_headroom_gib = 4\n' > $R/w2.toml

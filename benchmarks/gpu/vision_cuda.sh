@@ -9,8 +9,8 @@ test)
   python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_served_vision.py 2>&1 | tee "$OUT/pytest-vision.log" | tail -15 ;;
 bench)
   M=$WORK/fullsize; mkdir -p "$M"
-  [ -f "$M/manifest.json" ] || python3 benchmarks/make_fullsize_gguf.py "$M" --tokenizer "$DEVICE_DIR/tok" --no-draft || exit 1
-  ls "$M"/mmproj-* >/dev/null 2>&1 || python3 benchmarks/make_fullsize_mmproj.py "$M" --downsample 4x || exit 1
-  python3 benchmarks/bench_image_prefill.py "$M" --recipe h200 --size 900x700 --json "$OUT/bench-image-prefill-h200.json" ;;
+  [ -f "$M/manifest.json" ] || python3 -m benchmarks.make_fullsize_gguf "$M" --tokenizer "$DEVICE_DIR/tok" --no-draft || exit 1
+  ls "$M"/mmproj-* >/dev/null 2>&1 || python3 -m benchmarks.make_fullsize_mmproj "$M" --downsample 4x || exit 1
+  python3 -m benchmarks.bench_image_prefill "$M" --recipe h200 --size 900x700 --json "$OUT/bench-image-prefill-h200.json" ;;
 *) echo "vision: unknown step $s (test, bench)" >&2; exit 2 ;;
 esac; done

@@ -1,5 +1,7 @@
-"""The hostile-user cases of benchmarks/fault_injection.py --hostile (issue 27): each one a real `python -m ggufbridge`
-process on a prepared input, judged as a user would judge it. See fault_injection.py's docstring."""
+"""The hostile-user cases (issue 27) of `python -m benchmarks.fault_injection --hostile` and of
+tests/test_fault_injection.py: each one a real `python -m ggufbridge` process on a prepared input, judged as a user
+would judge it (ggufbridge.testkit.faults has the rules). The conversions they start from are made by the CLI as
+well, so this module stays below the commands it exercises."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import ggufbridge
 from ggufbridge.testkit.vision import png_of_size as png
-REPO = Path(__file__).resolve().parents[1]
+
+REPO = Path(ggufbridge.__file__).resolve().parents[1]  # the checkout or site-packages folder that holds ggufbridge
 DEEP = "[" * 50_000 + "]" * 50_000
 MAX_RSS = 1536 << 20
 
@@ -49,6 +53,14 @@ def gb(*args) -> list[str]:
 
 def env() -> dict:
     return dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def convert_cli(ckpt: Path, out: Path, *args: str) -> None:
+    """An F32 conversion the cases start from, through the command as a user runs it."""
+    res = subprocess.run(gb("convert", ckpt, "-o", out, "--outtype", "f32", "--no-progress", *args),
+                         capture_output=True, text=True, env=env())
+    if res.returncode != 0:
+        raise RuntimeError(f"convert {ckpt} failed ({res.returncode}): {res.stderr.strip()[-500:]}")
 
 
 def run(argv: list[str], timeout: float) -> Outcome:
@@ -154,14 +166,13 @@ BASE_RECIPE = 'name = "x"\nbackend = "cpu"\n[memory]\nhost_gib = {host}\n[server
 
 def build_cases(work: Path, ckpt: Path) -> list[Case]:
     from ggufbridge.checkpoint.model_dir import ModelDir
-    from ggufbridge.convert import convert
     from ggufbridge.testkit.checkpoint import make_minicpmv47
 
     h = work / "hostile"
     shutil.rmtree(h, ignore_errors=True)
     h.mkdir(parents=True)
     folder = h / "converted"
-    convert(ckpt, folder, outtype="f32", progress=False, mmproj=False)
+    convert_cli(ckpt, folder, "--no-mmproj")
     man = json.loads((folder / "manifest.json").read_text())
     target = folder / next(f["path"] for f in man["files"] if f["role"] == "target")
     shard = sorted(ckpt.glob("*.safetensors"))[0]
@@ -404,11 +415,9 @@ def run_cases(work: Path, ckpt: Path, server: bool = False, startup_signals: boo
     record("two conversions into one folder at once", run_concurrent(ckpt, work / "hostile"))
     record("stale lock of a dead process", run_stale_lock(ckpt, work / "hostile"))
     if server:
-        from ggufbridge.convert import convert
-
         with_mmproj = work / "hostile" / "converted-mmproj"
         if not with_mmproj.is_dir():
-            convert(ckpt, with_mmproj, outtype="f32", progress=False)
+            convert_cli(ckpt, with_mmproj)
         for name, problem, answer in run_server_bomb(with_mmproj, work / "hostile"):
             record(name, problem, answer=answer)
     held = sum(r["held"] for r in results)
