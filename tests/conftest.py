@@ -23,7 +23,7 @@ _started: list[float] = []
 # scripts/test.sh runs the suite with pytest-xdist, one test file per worker at a time (--dist loadfile: a file's
 # module fixtures, servers and conversions stay in one process). The workers take the files in collection order, so
 # the ones that take longest go first and the workers finish together; the rest keep their order. The order is what
-# `benchmarks/suite_timeline.py` prints after a run (docs/testing.md); a file missing here only starts later.
+# `python -m benchmarks.suite_timeline` prints after a run (docs/testing.md); a file missing here only starts later.
 LONGEST_FIRST = ("test_fault_injection.py", "test_quant_fit.py", "test_fixtures.py", "test_fullsize_gguf.py",
                  "test_compare_models.py", "test_served_vision_sweep.py", "test_chat_page.py", "test_hub.py",
                  "test_tokenizer_parity.py", "test_quant.py", "test_video.py", "test_served_vision.py",
