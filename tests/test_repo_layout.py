@@ -173,7 +173,7 @@ def test_the_docs_check_finds_run_output_and_an_unshown_figure(tmp_path):
 
 # --- no machine paths --------------------------------------------------------------------------------------------------
 
-# A path of one machine: a home folder (/root, /home/NAME, /Users/NAME), the folders this project's machines keep
+# A path of one machine: a home folder (root's, or one under home or Users), the folders this project's machines keep
 # checkouts and scratch space in (/work, /mnt, /scratch), a mktemp or pytest folder. Generic system paths
 # (/usr/bin/chromium, /dev/null, /proc, /tmp as a default in prose) are not. (Each `/` after the first is written
 # `\/`, so that the pattern is not a match for itself.)
