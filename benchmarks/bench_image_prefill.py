@@ -2,7 +2,7 @@
 """Image prefill: the patched llama-server against the old `run --image` path, in one run (issue 13).
 
     python -m benchmarks.bench_image_prefill OUT_DIR [--size 230x170] [--baseline-rev 0196e24] [--stock-bin DIR]
-                                                  [--json docs/bench-image-prefill.json]
+                                                  [--json benchmarks/results/image-prefill/DEVICE.json]
 
 OUT_DIR is a `ggufbridge convert` folder (target + mmproj; a 4x mmproj for the issue's 2×2 4x case).
 
