@@ -3,7 +3,8 @@
 
     # the EXL3 comparison (docs/compare.md): at each EXL3 pack's size, on the frozen rows, against the hf dump
     .venv/bin/python -m benchmarks.bench_fit --src F16.gguf --calibration CAL.txt --work W \
-        --reference logits:hf.safetensors --eval rows.jsonl --exl3 benchmarks/results/compare-exl3/h200.json --out R.json
+        --reference logits:hf.safetensors --eval rows.jsonl --exl3 benchmarks/results/compare-exl3/h200.json \
+        --out R.json
     # against llama.cpp's Q4_K_M at its exact size (the budget is the Q4_K_M file's size)
     .venv/bin/python -m benchmarks.bench_fit --src F16.gguf ... --vs Q4_K_M
 

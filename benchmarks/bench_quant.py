@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Size and KL(BF16 ‖ quantised) of llama.cpp types and ggufbridge recipes on a synthetic K-quant-safe model.
 
-    .venv/bin/python -m benchmarks.bench_quant --work /tmp/bench-quant [--seeds 0 1] [--out benchmarks/results/quant/cpu.json]
+    .venv/bin/python -m benchmarks.bench_quant --work /tmp/bench-quant [--seeds 0 1] \
+        [--out benchmarks/results/quant/cpu.json]
 
 Per seed: a random-weight "ksafe" MiniCPM-V 4.7 (every row length a multiple of 256, 512-token vocabulary,
 bfloat16) is converted to a BF16 GGUF (the reference), an importance matrix is computed over a calibration text,

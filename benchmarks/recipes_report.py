@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Tables and plots for docs/benchmarks.md from the H200 recipe results (benchmarks/gpu/recipes_h200.sh):
-benchmarks/results/recipes/h200-b4abbb7c94b9.json (recipes as users run them), benchmarks/results/recipes/h200-b4abbb7c94b9-draft.json (oracle-pair drafting economics),
-benchmarks/results/compute/h200-b4abbb7c94b9.json (compute buffers). Also the bandwidth-bound decode estimate for a DGX Spark (273 GB/s),
-from the bytes each file's tensors make a decode step read (routed experts: top-8 of 256).
+"""Tables and plots for docs/benchmarks.md from the H200 recipe results (benchmarks/gpu/recipes_h200.sh), in
+benchmarks/results/: recipes/h200-b4abbb7c94b9.json (recipes as users run them), recipes/h200-b4abbb7c94b9-draft.json
+(oracle-pair drafting economics), compute/h200-b4abbb7c94b9.json (compute buffers). Also the bandwidth-bound decode
+estimate for a DGX Spark (273 GB/s), from the bytes each file's tensors make a decode step read (routed experts:
+top-8 of 256).
 
     .venv/bin/python -m benchmarks.recipes_report [--recipes J] [--draft J] [--plot PNG]
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Served image chats against transformers: the patched path and the stock layout, one table (docs/vision.md).
 
-    python -m benchmarks.served_vision_table [--work DIR] [--tokens 12] [--json benchmarks/results/served-vision/cpu.json]
+    python -m benchmarks.served_vision_table [--work DIR] [--tokens 12]
+        [--json benchmarks/results/served-vision/cpu.json]
 
 A synthetic MiniCPM-V 4.7 (M-RoPE over t, h and w; the small vocabulary, so the server's top_logprobs is the
 whole distribution and the KL is exact) is converted (F32 target, F32 mmproj, 16x and 4x) and served twice with

@@ -1,4 +1,5 @@
-"""ggufbridge.testkit.fullsize (`python -m benchmarks.make_fullsize_gguf`): the random-weight full-shape GGUFs behind the H200 measurements (issue 8).
+"""ggufbridge.testkit.fullsize (`python -m benchmarks.make_fullsize_gguf`): the random-weight full-shape GGUFs behind
+the H200 measurements (issue 8).
 
 References: gguf-py's dequantiser for the hand-built blocks, llama-quantize's own --dry-run for the Q4_K_M type
 choices, and the pinned runtime (bindings) for loading the files. The files carry the real 248,144-entry vocabulary,

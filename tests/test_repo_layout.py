@@ -105,13 +105,13 @@ def test_the_benchmark_check_leaves_prose_and_data_alone():
     assert benchmark_uses(source) == []
 
 
-# --- benchmarks/ is a package that keeps to itself ---------------------------------------------------------------------
+# --- benchmarks/ is a package that keeps to itself ------------------------------------------------------------------
 
 SYS_PATH_EDIT = re.compile(r"\bsys\.path\s*(?:\.\s*(?:insert|append|extend|remove)\s*\(|\[[^\]]*\]\s*=|=[^=]|\+=)")
 
 
 def benchmark_problems(source: str, name: str, test_helpers: set[str]) -> list[str]:
-    """sys.path edits (in Python, or in the Python a shell script feeds an interpreter) and imports of tests' helpers."""
+    """sys.path edits (in Python, or in the Python a shell script feeds an interpreter), imports of tests' helpers."""
     out = [f"{name}:{source.count(chr(10), 0, m.start()) + 1}: edits sys.path" for m in SYS_PATH_EDIT.finditer(source)]
     if name.endswith(".py"):
         for node in ast.walk(ast.parse(source, name)):
@@ -127,7 +127,7 @@ def benchmark_problems(source: str, name: str, test_helpers: set[str]) -> list[s
 
 def test_benchmarks_edit_no_sys_path_and_import_no_test_helpers():
     helpers = {p.stem for p in TESTS.glob("_*.py")} | {p.name for p in TESTS.iterdir() if p.is_dir()}
-    bad = [] if (BENCH / "__init__.py").is_file() else ["benchmarks/__init__.py: missing (run as python -m benchmarks.X)"]
+    bad = [] if (BENCH / "__init__.py").is_file() else ["benchmarks/__init__.py: missing (python -m benchmarks.X)"]
     for path in sorted(BENCH.rglob("*")):
         if path.suffix in (".py", ".sh") and "results" not in path.relative_to(BENCH).parts:
             bad += benchmark_problems(path.read_text(), str(path.relative_to(REPO)), helpers)
@@ -142,7 +142,7 @@ def test_the_benchmark_package_check_finds_a_path_edit_and_a_helper_import():
     assert benchmark_problems("if sys.path == []:\n    pass\n", "x.py", set()) == []
 
 
-# --- docs/ is prose and the figures it shows ---------------------------------------------------------------------------
+# --- docs/ is prose and the figures it shows ------------------------------------------------------------------------
 
 RUN_OUTPUT = {".json", ".jsonl", ".txt", ".csv", ".tsv", ".log", ".tgz", ".gz", ".npz", ".npy", ".bin"}
 PROSE_AND_FIGURES = {".md", ".png", ".svg", ".jpg", ".jpeg", ".gif"}
@@ -171,7 +171,7 @@ def test_the_docs_check_finds_run_output_and_an_unshown_figure(tmp_path):
                                                                        "orphan.png"]
 
 
-# --- no machine paths --------------------------------------------------------------------------------------------------
+# --- no machine paths -----------------------------------------------------------------------------------------------
 
 # A path of one machine: a home folder (root's, or one under home or Users), the folders this project's machines keep
 # checkouts and scratch space in (/work, /mnt, /scratch), a mktemp or pytest folder. Generic system paths
@@ -206,8 +206,8 @@ def test_the_machine_path_check_finds_each_kind_and_spares_generic_paths():
     # written in two pieces, so that this file passes its own check
     found = [a + b for a, b in (
         ('"bin": "/ro', 'ot/.cache/ggufbridge/llama.cpp-0.3.36-cuda-p1/build/bin"'), ("cd /ho", "me/alice/src/x"),
-        ("model /tmp/tm", "pukq__h4d/out/a.gguf"), ("see /wo", "rk/main/.dev/kern/harness"), ("/Use", "rs/bob/models/x"),
-        ("/tmp/pytest", "-of-root/pytest-3/x"))]
+        ("model /tmp/tm", "pukq__h4d/out/a.gguf"), ("see /wo", "rk/main/.dev/kern/harness"),
+        ("/Use", "rs/bob/models/x"), ("/tmp/pytest", "-of-root/pytest-3/x"))]
     for text in found:
         assert machine_paths(text, "f"), text
     spared = ["/usr/bin/chromium", "2>/dev/null", "/proc/self/status", "--work /tmp/bench-quant", "$WORK/shm/hq3m",

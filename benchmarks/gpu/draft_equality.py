@@ -86,4 +86,6 @@ def main():
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
+        sys.exit("usage: python -m benchmarks.gpu.draft_equality BIN_DIR PAIRS_DIR (draft_equality_prep's folder)")
     main()

@@ -104,4 +104,6 @@ def main():
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
+        sys.exit("usage: python -m benchmarks.gpu.draft_ties BIN_DIR FULLSIZE_DIR (target.gguf + draft.gguf)")
     main()
