@@ -751,3 +751,20 @@ def test_a_still_webp_in_the_server_reader_is_one_frame(tmp_path):
     frames = subprocess.run([sys.executable, "-c", code, "ffmpeg"], input=buf.getvalue(), capture_output=True,
                             env=_env(), timeout=120)
     assert frames.returncode == 0 and frames.stdout == bytes([10, 20, 30]) * 24
+
+
+def test_eval_rows_and_merge_files_judge_the_numbers_they_use(tmp_path):
+    """Token ids are hashed and fed to the models as int32: 2^40 ended in an OverflowError traceback once the
+    reader no longer bounded it; a compare --json file's figures are formatted and compared, so they stay finite."""
+    from ggufbridge.compare import evalset
+    from ggufbridge.compare.run import read_merge_file
+
+    p = tmp_path / "eval.jsonl"
+    p.write_text('{"ids": [1, 1099511627776]}\n')
+    with pytest.raises(errors.EvalDataError, match=r"'ids' must be a list of token ids \(integers in \[0, 2147483647"):
+        evalset.load_rows(eval_path=p, ctx=16, tokenize=None)
+    merge = tmp_path / "m.json"
+    merge.write_text('{"eval_sha256": "a", "reference_id": "b", "results": [{"label": "x", "candidate": "y", '
+                     '"kl": {"mean": NaN}}]}')
+    with pytest.raises(errors.GGUFBridgeError, match=r"results\[0\]\.kl\.mean: nan is not a finite number"):
+        read_merge_file(merge)
