@@ -268,6 +268,17 @@ def _gguf_with_dims(path: Path, dims: tuple[int, ...], ggml_type: int = 0) -> Pa
     return path
 
 
+def _folder_whose_target_has_dims(converted: Path, out: Path, dims: tuple[int, ...]) -> Path:
+    """A copy of a converted folder whose target is replaced by a one-tensor GGUF of `dims` (manifest updated)."""
+    _copy(converted, out)
+    man = json.loads((out / "manifest.json").read_text())
+    entry = next(f for f in man["files"] if f["role"] == "target")
+    target = _gguf_with_dims(out / entry["path"], dims)
+    entry["bytes"], entry["sha256"] = target.stat().st_size, None
+    (out / "manifest.json").write_text(json.dumps(man))
+    return out
+
+
 def test_gguf_dimensions_whose_product_overflows_are_refused(tmp_path, converted):
     """dims whose product wraps in 64 bits passed the reader: inspect/plan/serve --dry-run reported 0 bytes."""
     from ggufbridge.ggufio.reader import read_header
@@ -278,12 +289,7 @@ def test_gguf_dimensions_whose_product_overflows_are_refused(tmp_path, converted
             read_header(p)
         assert "overflows 64 bits" in _refused("inspect", p)
     # and in a converted folder, in place of its target
-    out = _copy(converted, tmp_path / "out")
-    man = json.loads((out / "manifest.json").read_text())
-    entry = next(f for f in man["files"] if f["role"] == "target")
-    target = _gguf_with_dims(out / entry["path"], (2**32, 2**32))
-    entry["bytes"], entry["sha256"] = target.stat().st_size, None
-    (out / "manifest.json").write_text(json.dumps(man))
+    out = _folder_whose_target_has_dims(converted, tmp_path / "out", (2**32, 2**32))
     for cmd in (["plan", out], ["serve", out, "--dry-run"]):
         assert "overflows 64 bits" in _refused(*cmd)
 
@@ -649,12 +655,7 @@ def test_gguf_dimension_past_int64_beside_a_zero_is_refused(tmp_path, converted,
     with pytest.raises(errors.GGUFFileError, match="per dimension|overflows 64 bits"):
         read_header(p)
     assert "bad.gguf: tensor blk.0.w has" in _refused("inspect", p)
-    out = _copy(converted, tmp_path / "out")
-    man = json.loads((out / "manifest.json").read_text())
-    entry = next(f for f in man["files"] if f["role"] == "target")
-    target = _gguf_with_dims(out / entry["path"], dims)
-    entry["bytes"], entry["sha256"] = target.stat().st_size, None
-    (out / "manifest.json").write_text(json.dumps(man))
+    out = _folder_whose_target_has_dims(converted, tmp_path / "out", dims)
     for cmd in (["plan", out], ["serve", out, "--dry-run"]):
         assert "tensor blk.0.w has" in _refused(*cmd)
 
