@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 try:
@@ -31,15 +32,18 @@ MAX_INT_DIGITS = 4300  # Python's own default limit (sys.int_info.default_max_st
 MAX_ABS_FLOAT = 1e300  # for finite_numbers: far enough from the float maximum that scaling by GiB stays finite
 
 
-class _TooLong(ValueError):
-    pass
-
-
 def _int(text: str) -> int:
-    """json's parse_int: integers of any length up to MAX_INT_DIGITS, refused past it before int() runs."""
+    """json's parse_int where the interpreter runs without its own limit (PYTHONINTMAXSTRDIGITS=0): integers up
+    to MAX_INT_DIGITS digits, refused past it before int() runs. With the limit (the default), int() refuses them
+    itself at C speed: a 248k-token tokenizer.json holds 248k integers."""
     if len(text) > MAX_INT_DIGITS + 1:
-        raise _TooLong(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
     return int(text)
+
+
+def _parse_int():
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    return None if 0 < limit <= MAX_INT_DIGITS else _int
 
 
 def _bad_number(v, max_abs: float) -> str | None:
@@ -102,7 +106,7 @@ def parse_json(data: str | bytes, source: str, error: type[GGUFBridgeError], *, 
     try:
         if isinstance(data, bytes):
             data = data.decode("utf-8")
-        value = json.loads(data, parse_int=_int)  # NaN, Infinity and 1e400 are read: their users judge them
+        value = json.loads(data, parse_int=_parse_int())  # NaN, Infinity and 1e400 are read: their users judge them
     except UnicodeDecodeError as e:
         raise error(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
