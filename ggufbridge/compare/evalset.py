@@ -71,8 +71,8 @@ def _parse_jsonl(path: Path) -> list[dict]:
             if (not isinstance(ids, list) or
                     not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= INT32_MAX for i in ids)):
                 # ids are hashed and fed to the models as int32 (row_hash)
-                raise EvalDataError(f"{path}:{lineno}: 'ids' must be a list of token ids (integers in "
-                                    f"[0, {INT32_MAX}])")
+                raise EvalDataError(f"{path}:{lineno}: 'ids' must be a list of non-negative integers of at most "
+                                    f"{INT32_MAX} (token ids)")
         elif not isinstance(obj["text"], str):
             raise EvalDataError(f"{path}:{lineno}: 'text' must be a string, found {type(obj['text']).__name__}")
         out.append({**obj, "kind": kind, "line": lineno})
