@@ -8,7 +8,6 @@ SIGHUP all raise `Interrupted` (a KeyboardInterrupt), so they take the same clea
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -70,18 +69,3 @@ def deferred():
             pending, _state["pending"] = _state["pending"], None
             if pending is not None:
                 signal.raise_signal(pending)  # to whatever handler was in place before: the usual behaviour
-
-
-def _exit_now(signum, _frame):
-    os.write(2, f"Error: interrupted by {signal.Signals(signum).name}\n".encode())
-    os._exit(128 + signum)
-
-
-def exit_on_signals() -> None:
-    """For the `ggufbridge` program only, before it imports anything else: until a command installs its own
-    handlers (`interrupts_as_exceptions`, around the command body) a termination signal ends the process at once
-    with the same one line and exit 128 + signal as during a command. Nothing has been written or started yet
-    then, so there is nothing to clean up; without this, the first ~200 ms (imports, option parsing) ended in a
-    KeyboardInterrupt traceback, click's "Aborted!" and exit 1, or a silent SIGTERM death."""
-    for s in SIGNALS:
-        signal.signal(s, _exit_now)

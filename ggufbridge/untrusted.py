@@ -1,17 +1,22 @@
 """The one reader of structured text users hand in: JSON (safetensors headers, config.json, tokenizer files,
 manifest.json, eval and merge files, JSONL prompts) and TOML (hardware and quantisation recipes).
 
-Every document is bounded before anyone looks at its values: its size, its nesting depth and its numbers. Python's
-parsers recurse once per level (a few kilobytes of `[[[[...` end in RecursionError), take integers of any length
-(thousands of digits end in ValueError, or are kept and overflow later) and read `1e400`, `NaN` and `Infinity` as
-floats that then poison arithmetic (`int(1e308 * 2**30)` is an OverflowError). Here all of that is the caller's
-one-line error instead: `error` (a GGUFBridgeError subclass) naming the source.
+The reader bounds what a parser cannot survive, before anyone looks at a value: the document's size, its nesting
+depth (Python's parsers recurse once per level: a few kilobytes of `[[[[...` end in RecursionError) and the length
+of its integers (the time to read one grows with the square of its digits; Python refuses more than 4300). It does
+not judge values: `"model_max_length": 1000000000000000019884624838656` (int(1e30), what transformers writes when a
+tokenizer has no length limit), `1e400`, `NaN` and `Infinity` are all read, because a value nobody uses is never a
+reason to refuse a file. Each value the program uses is judged where it is used, with a message naming its field
+(arch.config.Cfg for config.json, checkpoint.safetensors for header offsets and shapes, ggufio.manifest, the recipe
+schemas...); `finite_numbers` is the check for a consumer that uses a whole subtree of numbers. Errors are the
+caller's one-line `error` (a GGUFBridgeError subclass) naming the source.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 try:
@@ -23,17 +28,31 @@ from ggufbridge.errors import GGUFBridgeError
 
 MAX_DEPTH = 64  # deepest nesting of arrays/objects (real files: tokenizer.json ~6, configs ~4)
 MAX_BYTES = 512 << 20  # tokenizer.json of a 250k vocabulary is ~12 MB; safetensors caps its header at 100 MB
-INT_LIMIT = 2**64  # integers must lie in (-2**64, 2**64): u64 offsets and sizes, never more
-MAX_ABS_FLOAT = 1e300  # finite, and far enough from the float maximum that scaling by GiB stays finite
+MAX_INT_DIGITS = 4300  # Python's own default limit (sys.int_info.default_max_str_digits), whatever the interpreter's
+MAX_ABS_FLOAT = 1e300  # for finite_numbers: far enough from the float maximum that scaling by GiB stays finite
 
 
-def _bad_number(v) -> str | None:
-    if isinstance(v, bool):
+def _int(text: str) -> int:
+    """json's parse_int where the interpreter runs without its own limit (PYTHONINTMAXSTRDIGITS=0): integers up
+    to MAX_INT_DIGITS digits, refused past it before int() runs. With the limit (the default), int() refuses them
+    itself at C speed: a 248k-token tokenizer.json holds 248k integers."""
+    if len(text) > MAX_INT_DIGITS + 1:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _parse_int():
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    return None if 0 < limit <= MAX_INT_DIGITS else _int
+
+
+def _bad_number(v, max_abs: float) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    if isinstance(v, int) and not -INT_LIMIT < v < INT_LIMIT:
-        return f"integer {str(v)[:20]}… is out of range (at most 2^64 in magnitude)"
-    if isinstance(v, float) and (not math.isfinite(v) or abs(v) > MAX_ABS_FLOAT):
-        return f"{v!r} is not a finite number of usable size (|x| <= {MAX_ABS_FLOAT:g})"
+    if isinstance(v, int) and not -max_abs <= v <= max_abs:
+        return f"integer {str(v)[:20]}… is out of range (|x| <= {max_abs:g})"
+    if isinstance(v, float) and (not math.isfinite(v) or abs(v) > max_abs):
+        return f"{v!r} is not a finite number of usable size (|x| <= {max_abs:g})"
     return None
 
 
@@ -51,25 +70,32 @@ def _where(root, bad) -> str:
     return ""
 
 
-def _check_values(value, source: str, error: type[GGUFBridgeError], max_depth: int) -> None:
-    """Walk the parsed document without recursion: depth, integer range and float finiteness. Only containers go
-    on the stack and strings are skipped by exact type: a 248k-token tokenizer.json is ~1.2M values."""
-    stack = [([value], 0)]  # the document inside a list of depth 0: its own depth is 1
+def _check_depth(value, source: str, error: type[GGUFBridgeError], max_depth: int) -> None:
+    """Walk the parsed document without recursion: its depth only. Only containers go on the stack: a 248k-token
+    tokenizer.json is ~1.2M values."""
+    stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
         if depth > max_depth:
             raise error(f"{source}: nested deeper than {max_depth} levels (malformed or hostile file)")
-        for x in (v.values() if type(v) is dict else v):
-            t = type(x)
-            if t is str:
-                continue
-            if t is dict or t is list:
+        for x in (v.values() if type(v) is dict else v if type(v) is list else ()):
+            if type(x) is dict or type(x) is list:
                 stack.append((x, depth + 1))
-            elif (t is int and -INT_LIMIT < x < INT_LIMIT) or (t is float and -MAX_ABS_FLOAT <= x <= MAX_ABS_FLOAT):
-                continue  # the common case, decided without a call (NaN fails both comparisons)
-            elif _bad_number(x):
-                where = _where(value, _bad_number)
-                raise error(f"{source}: {where + ': ' if where else ''}{_bad_number(x)}")
+
+
+def finite_numbers(value, where: str, error: type[GGUFBridgeError], *, max_abs: float = MAX_ABS_FLOAT) -> None:
+    """For a consumer that uses every number of `value` (a table it formats, sums or scales): each must be finite
+    and at most `max_abs` in magnitude. `error` names `where` and the key path of the first one that is not."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif _bad_number(v, max_abs):
+            at = _where(value, lambda x: _bad_number(x, max_abs))
+            raise error(f"{where}{'.' + at if at and not at.startswith('[') else at}: {_bad_number(v, max_abs)}")
 
 
 def parse_json(data: str | bytes, source: str, error: type[GGUFBridgeError], *, max_bytes: int = MAX_BYTES,
@@ -80,7 +106,7 @@ def parse_json(data: str | bytes, source: str, error: type[GGUFBridgeError], *, 
     try:
         if isinstance(data, bytes):
             data = data.decode("utf-8")
-        value = json.loads(data)  # NaN/Infinity parse, and are refused by the walk, which names their key
+        value = json.loads(data, parse_int=_parse_int())  # NaN, Infinity and 1e400 are read: their users judge them
     except UnicodeDecodeError as e:
         raise error(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
@@ -89,7 +115,7 @@ def parse_json(data: str | bytes, source: str, error: type[GGUFBridgeError], *, 
         raise error(f"{source}: nested deeper than {max_depth} levels (malformed or hostile file)") from None
     except ValueError as e:  # an integer of thousands of digits
         raise error(f"{source}: not valid JSON ({e})") from None
-    _check_values(value, source, error, max_depth)
+    _check_depth(value, source, error, max_depth)
     return value
 
 
@@ -104,9 +130,9 @@ def parse_toml(text: str, source: str, error: type[GGUFBridgeError], *, max_byte
         raise error(f"{source}: not valid TOML ({e})") from None
     except RecursionError:
         raise error(f"{source}: nested deeper than {max_depth} levels (malformed or hostile file)") from None
-    except ValueError as e:  # an integer of thousands of digits
+    except ValueError as e:  # an integer of thousands of digits (Python's own limit)
         raise error(f"{source}: not valid TOML ({e})") from None
-    _check_values(value, source, error, max_depth)
+    _check_depth(value, source, error, max_depth)
     return value
 
 

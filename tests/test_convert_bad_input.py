@@ -207,7 +207,7 @@ CASES = {
     vocab_size_absurd: "expected shape [1000000000, 64]",
     context_beyond_uint32: "max_position_embeddings must be at most 2147483647, found 1000000000000",
     rms_eps_zero: "rms_norm_eps must be a positive number, found 0.0",
-    rms_eps_nan: "rms_norm_eps: nan is not a finite number",  # refused by the bounded JSON reader, by key
+    rms_eps_nan: "rms_norm_eps must be a finite number, found nan",  # judged where it is read (arch/config.py)
     rope_theta_negative: "rope_theta must be a positive number, found -1.0",
     vision_eps_negative: "layer_norm_eps must be a positive number, found -1.0",
     chat_template_not_utf8: "chat_template.jinja: not UTF-8 text (invalid start byte at byte 0)",

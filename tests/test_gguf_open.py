@@ -71,6 +71,24 @@ def test_roles_come_from_metadata_not_names(tmp_path):
     assert any("other.gguf: passed over" in n and "'llama'" in n for n in art.notes)
 
 
+@pytest.mark.parametrize("kv, why", [
+    ({"clip.projector_type": "qwen2vl_merger", "clip.has_vision_encoder": True},
+     "a projector of type 'qwen2vl_merger'"),
+    ({"clip.projector_type": "minicpmv4_6", "clip.has_vision_encoder": False}, "a projector without a vision encoder"),
+])
+def test_a_folders_projector_of_another_type_is_refused(tmp_path, kv, why):
+    """Issue 40: it was passed over with a note and the model started text-only, although docs/gguf-files.md
+    says another projector type is refused. Naming this model's projector with --mmproj still works."""
+    _target(tmp_path / "m.gguf")
+    _gguf(tmp_path / "mmproj-other.gguf", "clip", kv)
+    with pytest.raises(ManifestError, match=f"mmproj-other.gguf is {why}.*: refused .*--mmproj FILE"):
+        load_artifacts(tmp_path)
+    (tmp_path / "ours").mkdir()
+    ours = _mmproj(tmp_path / "ours" / "mmproj.gguf")
+    art = load_artifacts(ModelSpec(str(tmp_path), mmproj=str(ours)))
+    assert art.mmproj.path == ours
+
+
 def test_ambiguity_names_the_candidates(tmp_path):
     _target(tmp_path / "m-Q4_K_M.gguf")
     _target(tmp_path / "m-Q8_0.gguf")
@@ -324,6 +342,19 @@ def test_hub_offline_uses_the_cache_and_errors_are_one_line(gguf_hub, monkeypatc
         load_artifacts(ModelSpec("hf://org/nope:Q8_0"))
     res = CliRunner().invoke(cli, ["plan", f"hf://{HUB_REPO}:Q5_K_M"])
     assert res.exit_code == 2 and res.stderr.startswith(f"Error: hf://{HUB_REPO}:Q5_K_M: no GGUF file for Q5_K_M")
+
+
+def test_hub_errors_keep_the_quant_of_the_spec(gguf_hub):
+    """Issue 40: the download machinery's messages named `hf://ORG/REPO`, dropping the `:QUANT` the user typed."""
+    from _hub_server import Fault
+
+    with pytest.raises(HubError, match=r"^hf://org/nope:Q8_0: repository not found"):
+        load_artifacts(ModelSpec("hf://org/nope:Q8_0"))
+    gguf_hub.faults["m-Q8_0.gguf"] = Fault(lie=True)
+    with pytest.raises(HubError, match=rf"^hf://{HUB_REPO}:Q8_0: .*checksum mismatch"):
+        load_artifacts(ModelSpec(f"hf://{HUB_REPO}:Q8_0"))
+    res = CliRunner().invoke(cli, ["plan", "hf://org/nope:Q4_K_M"])
+    assert res.exit_code == 2 and res.stderr.startswith("Error: hf://org/nope:Q4_K_M: repository not found"), res.stderr
 
 
 # --- a draft against its target, from the headers --------------------------------------------------------------

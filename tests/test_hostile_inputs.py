@@ -268,6 +268,17 @@ def _gguf_with_dims(path: Path, dims: tuple[int, ...], ggml_type: int = 0) -> Pa
     return path
 
 
+def _folder_whose_target_has_dims(converted: Path, out: Path, dims: tuple[int, ...]) -> Path:
+    """A copy of a converted folder whose target is replaced by a one-tensor GGUF of `dims` (manifest updated)."""
+    _copy(converted, out)
+    man = json.loads((out / "manifest.json").read_text())
+    entry = next(f for f in man["files"] if f["role"] == "target")
+    target = _gguf_with_dims(out / entry["path"], dims)
+    entry["bytes"], entry["sha256"] = target.stat().st_size, None
+    (out / "manifest.json").write_text(json.dumps(man))
+    return out
+
+
 def test_gguf_dimensions_whose_product_overflows_are_refused(tmp_path, converted):
     """dims whose product wraps in 64 bits passed the reader: inspect/plan/serve --dry-run reported 0 bytes."""
     from ggufbridge.ggufio.reader import read_header
@@ -278,12 +289,7 @@ def test_gguf_dimensions_whose_product_overflows_are_refused(tmp_path, converted
             read_header(p)
         assert "overflows 64 bits" in _refused("inspect", p)
     # and in a converted folder, in place of its target
-    out = _copy(converted, tmp_path / "out")
-    man = json.loads((out / "manifest.json").read_text())
-    entry = next(f for f in man["files"] if f["role"] == "target")
-    target = _gguf_with_dims(out / entry["path"], (2**32, 2**32))
-    entry["bytes"], entry["sha256"] = target.stat().st_size, None
-    (out / "manifest.json").write_text(json.dumps(man))
+    out = _folder_whose_target_has_dims(converted, tmp_path / "out", (2**32, 2**32))
     for cmd in (["plan", out], ["serve", out, "--dry-run"]):
         assert "overflows 64 bits" in _refused(*cmd)
 
@@ -516,3 +522,250 @@ def test_piecewise_encoding_equals_whole_tensor_encoding(tag, qt):
     whole = np.ascontiguousarray(encode(arr, tag, q)).reshape(-1).view(np.uint8)
     parts = np.concatenate([np.ascontiguousarray(encode(p, tag, q)).reshape(-1).view(np.uint8) for p in pieces(arr)])
     assert len(list(pieces(arr))) > 1 and np.array_equal(whole, parts)
+
+
+# --- 8. issue 40: values judged where they are used, locks that cannot be turned, edges ---------------------------
+
+
+def _edit_text(path: Path, fn) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.unlink()  # a copy of a shared fixture may be a hard link: replace, never write through
+    path.write_text(json.dumps(doc, indent=2))  # Python's json writes NaN / Infinity literals as transformers does
+
+
+def test_values_nobody_reads_are_no_reason_to_refuse(small_ckpt, tmp_path):
+    """`"model_max_length": 1000000000000000019884624838656` (int(1e30): what transformers writes for a tokenizer
+    without a length limit) made every conversion fail; so did any huge or non-finite number in a key the
+    converter never reads."""
+    ckpt = _copy(small_ckpt, tmp_path / "ckpt")
+    _edit_text(ckpt / "tokenizer_config.json", lambda d: d.__setitem__("model_max_length", int(1e30)))
+    _edit_text(ckpt / "config.json", lambda d: d.update({
+        "unused_huge": 10**40, "unused_nan": float("nan"), "unused_inf": float("inf"), "unused_e400": 1e400,
+        "text_config": {**d["text_config"], "router_aux_loss_coef": float("nan"), "initializer_range": 10**300}}))
+    _edit_text(ckpt / "model.safetensors.index.json", lambda d: d["metadata"].__setitem__("total_size", 2**70))
+    code, text = _invoke("convert", ckpt, "-o", tmp_path / "out", "--no-progress", "--no-mmproj", "--outtype", "f32")
+    assert code == 0, text
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["text_config"]["rope_parameters"].__setitem__("rope_theta", float("inf")),
+     "rope_theta must be a finite number, found inf"),
+    (lambda c: c["text_config"]["rope_parameters"].__setitem__("partial_rotary_factor", float("nan")),
+     "partial_rotary_factor must be a finite number, found nan"),
+    (lambda c: c["text_config"].__setitem__("max_position_embeddings", int(1e30)),
+     "max_position_embeddings must be at most 2147483647, found 1000000000000000019884624838656"),
+    (lambda c: c["text_config"].__setitem__("mtp_num_hidden_layers", 10**40),
+     "mtp_num_hidden_layers must be an integer of at most 64 bits"),
+])
+def test_a_value_that_is_read_is_judged_by_its_field(small_ckpt, tmp_path, edit, message):
+    """The protection the document-wide bound gave stays where the value is used, naming the field."""
+    ckpt = _copy(small_ckpt, tmp_path / "ckpt")
+    _edit_text(ckpt / "config.json", edit)
+    assert message in _refused("convert", ckpt, "-o", tmp_path / "out", "--no-progress", "--no-mmproj")
+
+
+def test_safetensors_offsets_and_dimensions_stay_u64(tmp_path):
+    from ggufbridge.checkpoint.safetensors import read_header
+
+    for entry in ({"dtype": "F32", "shape": [2**64, 0], "data_offsets": [0, 0]},
+                  {"dtype": "F32", "shape": [1], "data_offsets": [2**64, 2**64 + 4]}):
+        header = json.dumps({"w": entry}).encode()
+        p = tmp_path / "x.safetensors"
+        p.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+        with pytest.raises(errors.CheckpointError, match="must be unsigned 64-bit integers"):
+            read_header(p)
+
+
+def test_manifest_sizes_and_recipe_numbers_are_judged_by_their_field(converted, tmp_path):
+    out = _copy(converted, tmp_path / "out")
+    man = json.loads((out / "manifest.json").read_text())
+    man["files"][0]["bytes"] = 2**70
+    (out / "manifest.json").write_text(json.dumps(man))
+    assert "bytes expected a file size" in _refused("verify", out)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "x"\nbackend = "cpu"\n[memory]\nhost_gib = ' + "9" * 400 + "\n[server]\nctx = 4096\n")
+    assert "memory.host_gib: expected a number" in _refused("plan", converted, "--recipe", recipe)
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(small_ckpt, tmp_path, link):
+    """A `.ggufbridge.lock` planted as a link to another file made `convert` truncate that file and write its pid."""
+    from ggufbridge.outlock import FOLDER_LOCK
+
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    if link == "symlink":
+        (out / FOLDER_LOCK).symlink_to(victim)
+    else:
+        os.link(victim, out / FOLDER_LOCK)
+    line = _refused("convert", small_ckpt, "-o", out, "--no-progress", "--no-mmproj", "--outtype", "f32")
+    assert f"the lock file {out / FOLDER_LOCK} is" in line and "refused" in line
+    assert victim.read_text() == "precious\n"
+    assert not any(p.suffix == ".gguf" for p in out.iterdir())
+
+
+def test_quantize_into_a_folder_a_convert_is_writing_is_refused(small_ckpt, converted, tmp_path):
+    """`quantize -o OUT/x.gguf` while a convert wrote OUT replaced the conversion's target silently."""
+    out = tmp_path / "out"
+    first = start_slow_convert(small_ckpt, out, "--no-mmproj")
+    try:
+        src = next(converted.glob("*.gguf"))
+        line = _refused("quantize", src, "-o", out / "x-Q8_0.gguf", "--quant", "Q8_0")
+        assert f"process {first.pid}" in line and ".ggufbridge.lock" in line, line
+        assert first.poll() is None, "the convert ended before the quantize was refused: the test proves nothing"
+        assert not (out / "x-Q8_0.gguf").exists()
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_file_writers_share_a_folder_and_keep_a_convert_out(tmp_path):
+    """Two quantize/imatrix runs may write into one folder at once; a convert of that folder may not start."""
+    from ggufbridge.outlock import exclusive, sharing
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom ggufbridge.outlock import sharing\n"
+                               f"with sharing({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(60)\n"],
+                              stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with sharing(tmp_path):  # a second writer of another file: fine
+            pass
+        with pytest.raises(errors.OutputError, match="being written by another ggufbridge run"):
+            with exclusive(tmp_path, is_folder=True):
+                pass
+        assert (tmp_path / ".ggufbridge.lock").exists()  # the other sharer still holds it: not removed
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(tmp_path, is_folder=True):  # its holder is gone
+        pass
+    assert not (tmp_path / ".ggufbridge.lock").exists()
+
+
+@pytest.mark.parametrize("dims", [(2**63, 0), (0, 2**63), (2**64 - 1, 0, 7), (2**40, 2**40, 0)])
+def test_gguf_dimension_past_int64_beside_a_zero_is_refused(tmp_path, converted, dims):
+    """llama.cpp reads each dimension as an int64 and refuses a negative one even when the product is 0
+    (ggml/src/gguf.cpp:691-718); inspect, plan and serve --dry-run passed such a file."""
+    from ggufbridge.ggufio.reader import read_header
+
+    p = _gguf_with_dims(tmp_path / "bad.gguf", dims)
+    with pytest.raises(errors.GGUFFileError, match="per dimension|overflows 64 bits"):
+        read_header(p)
+    assert "bad.gguf: tensor blk.0.w has" in _refused("inspect", p)
+    out = _folder_whose_target_has_dims(converted, tmp_path / "out", dims)
+    for cmd in (["plan", out], ["serve", out, "--dry-run"]):
+        assert "tensor blk.0.w has" in _refused(*cmd)
+
+
+def test_a_zero_dimension_alone_is_accepted(tmp_path):
+    from ggufbridge.ggufio.reader import read_header
+
+    for dims in ((0, 2**40, 2**40), (32, 0)):  # the runtime accepts these: a zero-element tensor
+        assert read_header(_gguf_with_dims(tmp_path / "zero.gguf", dims)).tensors[0].nbytes == 0
+
+
+def test_a_long_thin_image_is_refused_for_its_side_not_its_pixels(tmp_path):
+    """A 1×20000 PNG was refused with "20000 pixels, more than the limit of 67108864": true of its side only."""
+    from ggufbridge.vision.preprocess import MAX_SIDE, check_image
+
+    strip = tmp_path / "strip.png"
+    strip.write_bytes(_png(1, 20000))
+    with pytest.raises(errors.VisionInputError) as e:
+        check_image(strip)
+    assert f"its height of 20000 pixels is more than the limit of {MAX_SIDE} per side" in str(e.value)
+    assert "67108864" not in str(e.value)
+    ok = tmp_path / "ok.png"
+    ok.write_bytes(_png(1, MAX_SIDE))
+    assert check_image(ok) == (1, MAX_SIDE)
+
+
+def _tiff_declaring(w: int, h: int) -> bytes:
+    """A 4×4 TIFF whose header then claims w×h pixels (ImageWidth/ImageLength rewritten as LONG)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buf, "TIFF")
+    b = bytearray(buf.getvalue())
+    ifd = struct.unpack_from("<I", b, 4)[0]
+    for i in range(struct.unpack_from("<H", b, ifd)[0]):
+        off = ifd + 2 + 12 * i
+        tag = struct.unpack_from("<H", b, off)[0]
+        if tag in (256, 257):
+            struct.pack_into("<HHII", b, off, tag, 4, 1, w if tag == 256 else h)
+    return bytes(b)
+
+
+def _webp_declaring(w: int, h: int) -> bytes:
+    """A 4×4 lossless WebP whose VP8L header then claims w×h pixels (at most 16384 per side in that format)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buf, "WEBP", lossless=True)
+    b = bytearray(buf.getvalue())
+    assert b[12:16] == b"VP8L"
+    bits = struct.unpack_from("<I", b, 21)[0]  # after the 0x2f signature: 14 bits width-1, 14 bits height-1, ...
+    struct.pack_into("<I", b, 21, (bits & ~((1 << 28) - 1)) | (w - 1) | ((h - 1) << 14))
+    return bytes(b)
+
+
+@pytest.mark.parametrize("make, size, words", [
+    (_tiff_declaring, (12000, 12000), "= 144000000 pixels, more than the limit of 67108864"),
+    (_tiff_declaring, (100000, 100000), "too large, more than the limit"),
+    (_tiff_declaring, (2, 20000), "its height of 20000 pixels is more than the limit of 16384 per side"),
+    (_webp_declaring, (12000, 12000), "= 144000000 pixels, more than the limit of 67108864"),
+    (_webp_declaring, (16384, 16384), "too large, more than the limit"),
+], ids=["tiff-pixels", "tiff-huge", "tiff-side", "webp-pixels", "webp-huge"])
+def test_tiff_and_webp_bombs_reach_the_server_reader_as_images(tmp_path, make, size, words):
+    """llama-server hands the pictures stb_image cannot decode (WebP, TIFF) to the video reader (vision/ffshim.py),
+    which refused a bomb as "video (N bytes): the video stream has no frame size"."""
+    data = make(*size)
+    for how in ("stdin", "path"):
+        args = ["-v", "error", "-i", "pipe:0" if how == "stdin" else str(tmp_path / "in")]
+        (tmp_path / "in").write_bytes(data)
+        code = ("import sys\nfrom ggufbridge.vision.ffshim import main\n"
+                f"sys.exit(main('ffprobe', {args!r}))\n")
+        res = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, env=_env(), timeout=120)
+        err = res.stderr.decode()
+        assert res.returncode == 1 and res.stdout == b"", (how, err)
+        assert err.startswith(f"image ({len(data)} bytes): image is ") and words in err, (how, err)
+        assert "video" not in err, err
+
+
+def test_a_still_webp_in_the_server_reader_is_one_frame(tmp_path):
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (6, 4), (10, 20, 30)).save(buf, "WEBP", lossless=True)
+    code = "import sys\nfrom ggufbridge.vision.ffshim import main\nsys.exit(main(sys.argv[1], ['-i', 'pipe:0']))\n"
+    probe = subprocess.run([sys.executable, "-c", code, "ffprobe"], input=buf.getvalue(), capture_output=True,
+                           env=_env(), timeout=120)
+    assert probe.returncode == 0 and b"width=6\nheight=4\n" in probe.stdout and b"nb_frames=1" in probe.stdout
+    frames = subprocess.run([sys.executable, "-c", code, "ffmpeg"], input=buf.getvalue(), capture_output=True,
+                            env=_env(), timeout=120)
+    assert frames.returncode == 0 and frames.stdout == bytes([10, 20, 30]) * 24
+
+
+def test_eval_rows_and_merge_files_judge_the_numbers_they_use(tmp_path):
+    """Token ids are hashed and fed to the models as int32: 2^40 ended in an OverflowError traceback once the
+    reader no longer bounded it; a compare --json file's figures are formatted and compared, so they stay finite."""
+    from ggufbridge.compare import evalset
+    from ggufbridge.compare.run import read_merge_file
+
+    p = tmp_path / "eval.jsonl"
+    p.write_text('{"ids": [1, 1099511627776]}\n')
+    with pytest.raises(errors.EvalDataError, match="non-negative integers of at most 2147483647"):
+        evalset.load_rows(eval_path=p, ctx=16, tokenize=None)
+    merge = tmp_path / "m.json"
+    merge.write_text('{"eval_sha256": "a", "reference_id": "b", "results": [{"label": "x", "candidate": "y", '
+                     '"kl": {"mean": NaN}}]}')
+    with pytest.raises(errors.GGUFBridgeError, match=r"results\[0\]\.kl\.mean: nan is not a finite number"):
+        read_merge_file(merge)

@@ -23,6 +23,7 @@ from ggufbridge.checkpoint.layout import expect_family
 from ggufbridge.checkpoint.model_dir import ModelDir
 from ggufbridge.checkpoint.safetensors import TensorRef
 from ggufbridge.errors import CheckpointError, ConfigError, PairingError, UnsupportedArchitecture
+from ggufbridge.units import INT32_MAX
 from ggufbridge.ggufio.names import (DFLASH_ARCH, DFLASH_BLOCK_SIZE, DFLASH_HAS_CONFIDENCE_HEAD,
                                     DFLASH_SAMPLE_FROM_ANCHOR, DFLASH_TARGET_LAYERS, Keys, key)
 
@@ -135,7 +136,9 @@ def _coupling(cfg: Cfg, nested: Cfg | None, notes: list[Note]) -> dict:
     if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ConfigError(f"{cfg.where}: target_layer_ids must be a non-empty list of integers, found {ids!r}")
     out["target_layer_ids"] = tuple(ids)
-    check(out["block_size"] > 0, f"{cfg.where}: block_size must be a positive integer, found {out['block_size']}")
+    check(0 < out["block_size"] <= INT32_MAX,
+          f"{cfg.where}: block_size must be a positive integer of at most {INT32_MAX} (a GGUF uint32 key), "
+          f"found {out['block_size']}")
     return out
 
 

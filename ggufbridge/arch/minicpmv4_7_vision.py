@@ -7,6 +7,7 @@ transform is the position-table expansion to the runtime's hard-coded 70×70 buc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,8 +102,9 @@ def read_video_settings(md: ModelDir) -> dict[str, int]:
 
 def _triple(pre: Cfg, key: str) -> tuple[float, float, float]:
     val = pre.get(key, list, [0.5, 0.5, 0.5])
-    check(len(val) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in val),
-          f"{pre.where}: {key} must be 3 numbers (RGB), found {val!r}")
+    check(len(val) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= 1e6
+                                and math.isfinite(v) for v in val),
+          f"{pre.where}: {key} must be 3 finite numbers (RGB), found {str(val)[:80]}")
     if key == "image_std":
         check(all(v > 0 for v in val), f"{pre.where}: image_std must be positive, found {val!r}")
     return tuple(float(v) for v in val)

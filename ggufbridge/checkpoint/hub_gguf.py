@@ -47,7 +47,17 @@ class GGUFSpec:
 
     @property
     def hub_spec(self) -> hub.HubSpec:
-        return hub.HubSpec("hf", self.repo_id, self.revision)
+        """What the shared download machinery (checkpoint.hub) takes; its messages name the whole spec, :QUANT
+        included (`hf://ORG/REPO:Q4_K_M: repository not found`), as the user wrote it."""
+        return _NamedHubSpec("hf", self.repo_id, self.revision, str(self))
+
+
+@dataclass(frozen=True)
+class _NamedHubSpec(hub.HubSpec):
+    shown: str = ""
+
+    def __str__(self) -> str:
+        return self.shown or super().__str__()
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,9 @@ def to_f32(a: np.ndarray, dtype: str) -> np.ndarray:
     raise CheckpointError(f"expected a floating-point tensor, found dtype {dtype}")
 
 
+U64 = 2**64
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -139,11 +142,19 @@ def read_header(path: Path) -> tuple[dict[str, TensorRef], dict[str, str]]:
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise CheckpointError(f"{path.name}: tensor {name} has unsupported dtype {dtype!r}")
         if any(d < 0 for d in shape):
-            raise CheckpointError(f"{path.name}: tensor {name} has a negative dimension {shape}")
+            raise CheckpointError(f"{path.name}: tensor {name} has a negative dimension {str(list(shape))[:80]}")
+        # The JSON reader judges no values: the format's own bound is judged here. Dimensions and offsets are
+        # u64 in safetensors (and in GGUF); the product is cut off as soon as it passes 2^64.
+        if any(d >= U64 for d in shape) or not all(-1 < x < U64 for x in offsets):
+            raise CheckpointError(f"{path.name}: tensor {name}: shape and data_offsets must be unsigned 64-bit "
+                                  f"integers, found shape {str(list(shape))[:60]} and data_offsets "
+                                  f"{str(offsets)[:60]}")
         numel = 1
         for d in shape:
-            numel *= d
+            numel = numel * d if numel < U64 else numel
         want = numel * DTYPES[dtype][1]
+        if want >= U64:
+            raise CheckpointError(f"{path.name}: tensor {name}: shape {list(shape)} × {dtype} is 2^64 bytes or more")
         if not (0 <= begin <= end):
             raise CheckpointError(f"{path.name}: tensor {name} has invalid data offsets [{begin}, {end}]")
         if end - begin != want:

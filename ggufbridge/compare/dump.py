@@ -31,7 +31,8 @@ import numpy as np
 
 from ggufbridge.compare.metrics import TopK
 from ggufbridge.errors import LogitsMismatch
-from ggufbridge.untrusted import parse_json
+from ggufbridge.units import INT32_MAX
+from ggufbridge.untrusted import finite_numbers, parse_json
 
 FORMAT = "ggufbridge.logits"
 VERSION = 1
@@ -148,6 +149,17 @@ class DumpReader:
         if not isinstance(meta, dict) or meta.get("version") != VERSION:
             version = meta.get("version") if isinstance(meta, dict) else None
             raise LogitsMismatch(f"{path}: dump format version {version}, expected {VERSION}")
+        # the fields compare uses, judged here (the JSON reader judges no values)
+        vocab, hashes, floor = meta.get("vocab_size"), meta.get("row_sha256"), meta.get("floor")
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab <= INT32_MAX:
+            raise LogitsMismatch(f"{path}: {FORMAT} metadata: vocab_size expected a positive integer of at most "
+                                 f"{INT32_MAX}, found {str(vocab)[:40]}")
+        if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+            raise LogitsMismatch(f"{path}: {FORMAT} metadata: row_sha256 expected a list of strings")
+        if floor is not None:
+            if not isinstance(floor, dict):
+                raise LogitsMismatch(f"{path}: {FORMAT} metadata: floor expected an object, found {str(floor)[:40]}")
+            finite_numbers(floor, f"{path}: {FORMAT} metadata: floor", LogitsMismatch)
         missing = set(REQUIRED) - names
         if missing:
             raise LogitsMismatch(f"{path}: dump lacks tensors {sorted(missing)}")

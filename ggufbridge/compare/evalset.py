@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufbridge.errors import EvalDataError
+from ggufbridge.units import INT32_MAX
 from ggufbridge.textfile import read_utf8
 from ggufbridge.untrusted import parse_json
 
@@ -68,8 +69,10 @@ def _parse_jsonl(path: Path) -> list[dict]:
         if "ids" in obj:
             ids = obj["ids"]
             if (not isinstance(ids, list) or
-                    not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
-                raise EvalDataError(f"{path}:{lineno}: 'ids' must be a list of non-negative integers")
+                    not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= INT32_MAX for i in ids)):
+                # ids are hashed and fed to the models as int32 (row_hash)
+                raise EvalDataError(f"{path}:{lineno}: 'ids' must be a list of non-negative integers of at most "
+                                    f"{INT32_MAX} (token ids)")
         elif not isinstance(obj["text"], str):
             raise EvalDataError(f"{path}:{lineno}: 'text' must be a string, found {type(obj['text']).__name__}")
         out.append({**obj, "kind": kind, "line": lineno})

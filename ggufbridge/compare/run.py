@@ -21,7 +21,7 @@ from ggufbridge.compare.sources import (LogitsSource, Source, gguf_role, hub_mod
                                        parse_spec, require_device_for)
 from ggufbridge.errors import EvalDataError, GGUFBridgeError, LogitsMismatch
 from ggufbridge.textfile import read_utf8
-from ggufbridge.untrusted import load_json
+from ggufbridge.untrusted import finite_numbers, load_json
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +272,8 @@ def read_merge_file(path) -> dict:
         for key in ("bits_per_weight", "file_bytes"):
             if r.get(key) is not None and (isinstance(r[key], bool) or not isinstance(r[key], (int, float))):
                 raise GGUFBridgeError(f"{path}: results[{i}].{key} expected a number, found {str(r[key])[:40]}")
+        # every number of a result is formatted, summed or compared in the report: finite and of usable size
+        finite_numbers(r, f"{path}: results[{i}]", GGUFBridgeError)
         if r.get("family") is not None and not isinstance(r["family"], str):
             raise GGUFBridgeError(f"{path}: results[{i}].family expected a string, found {str(r['family'])[:40]}")
     for key in ("eval_sha256", "reference_id"):

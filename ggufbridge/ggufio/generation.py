@@ -64,7 +64,7 @@ def recover(out: Path) -> None:
         try:
             files = load_json(pending, ManifestError, max_bytes=16 << 20, what="manifest")["files"]
             entries = [(f["path"], int(f["bytes"])) for f in files]
-        except (ManifestError, ValueError, KeyError, TypeError):
+        except (ManifestError, ValueError, OverflowError, KeyError, TypeError):  # OverflowError: "bytes": 1e400
             continue  # cut while being written: its GGUFs were never renamed; remove_stale_parts deletes it
         renames, complete = [], True
         for rel, size in entries:

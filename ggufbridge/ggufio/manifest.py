@@ -88,8 +88,9 @@ def read_manifest(out_dir: str | Path) -> Manifest:
                 or ".." in PurePosixPath(rel).parts):
             raise ManifestError(f"{where}: path expected a relative path inside OUT_DIR, found {rel!r}")
         size = entry.get("bytes")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ManifestError(f"{where}: bytes expected a non-negative integer, found {size!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**64:
+            raise ManifestError(f"{where}: bytes expected a file size (an integer in [0, 2^64)), "
+                                f"found {str(size)[:40]}")
         digest, kind = entry.get("sha256"), entry.get("type")
         for key, value in (("sha256", digest), ("type", kind)):
             if value is not None and not isinstance(value, str):

@@ -167,11 +167,20 @@ def _tensor_nbytes(path: Path, name: str, dims: tuple[int, ...], t: GGMLQuantiza
     """The tensor's byte size from its dimensions, exactly (Python integers: a product that would wrap in 64 bits,
     as numpy's did, is refused rather than read as 0 or negative)."""
     block, bsize = GGML_QUANT_SIZES[t]
-    n = 1
-    for d in dims:
+    # as the runtime reads them (ggml/src/gguf.cpp:691-718): each dimension is an int64, so 2^63 or more is
+    # negative there and refused even beside a zero dimension; the running product is checked dimension by
+    # dimension, so [2^40, 2^40, 0] is refused as well although its product is 0
+    n = dims[0] if dims else 1
+    for d in dims[1:]:
+        if d > 1 and n > MAX_ELEMENTS // d:
+            raise GGUFFileError(f"{path}: tensor {name} has dimensions {list(dims)} whose product overflows 64 bits")
         n *= d
-    if n > MAX_ELEMENTS or n * bsize // block > MAX_ELEMENTS:
+    if n * bsize // block > MAX_ELEMENTS:
         raise GGUFFileError(f"{path}: tensor {name} has dimensions {list(dims)} whose product overflows 64 bits")
+    big = next((d for d in dims if d > MAX_ELEMENTS), None)
+    if big is not None:
+        raise GGUFFileError(f"{path}: tensor {name} has a dimension of {big} in {list(dims)}: more than the "
+                            f"runtime's limit of 2^63 - 1 per dimension")
     if dims and dims[0] % block:
         raise GGUFFileError(f"{path}: tensor {name} is {t.name} with rows of {dims[0]} values, not a multiple of "
                             f"its block of {block}")

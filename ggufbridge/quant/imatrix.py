@@ -13,7 +13,7 @@ from pathlib import Path
 from ggufbridge.errors import ManifestError, QuantError
 from ggufbridge.ggufio.manifest import MANIFEST, read_manifest
 from ggufbridge.ggufio.writer import refuse_input_as_output
-from ggufbridge.outlock import exclusive
+from ggufbridge.outlock import exclusive, sharing
 from ggufbridge.quant.quantize import _default_threads, _error_line
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ def compute_imatrix(model, text, out=None, *, ctx: int = 512, chunks: int | None
     tmp_out = out.with_name(f".{out.name}.{os.getpid()}.part")
     argv[argv.index(str(out))] = str(tmp_out)
     log.info("computing an importance matrix for %s over %s", model.name, text.name)
-    with exclusive(out, is_folder=False):  # a second run writing the same matrix stops at once
+    # a second run writing the same matrix stops at once, and so does one writing into a folder a convert is writing
+    with sharing(out.parent), exclusive(out, is_folder=False):
         return _run_imatrix(argv, exe, runtime, model, out, tmp_out, ctx, fill_missing)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.ggufio.writer import refuse_input_as_output, remove_stale_parts, tmp_name
-from ggufbridge.outlock import exclusive
+from ggufbridge.outlock import exclusive, sharing
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.mix import Mix, load_mix
@@ -196,7 +196,8 @@ def all_or_nothing(dst, *inputs):
     of `inputs`."""
     refuse_input_as_output(dst, *inputs)
     final = Path(dst)
-    with exclusive(final, is_folder=False):  # a second run writing the same file stops at once
+    # a second run writing the same file stops at once, and so does one writing into a folder a convert is writing
+    with sharing(final.parent), exclusive(final, is_folder=False):
         remove_stale_parts(final.parent)
         tmp = tmp_name(final)
         try:

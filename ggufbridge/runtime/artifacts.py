@@ -122,6 +122,7 @@ class Probe:
     arch: str | None
     why: str
     header: GGUFHeader | None = None
+    claims: str | None = None  # the role its metadata claims when it cannot play it (a projector of another type)
 
 
 def probe(path: Path) -> Probe:
@@ -143,9 +144,9 @@ def probe(path: Path) -> Probe:
         proj = projector_type(kv)
         if proj not in PROJECTORS:
             return Probe(path, None, arch, f"a projector of type {proj!r}, not MiniCPM-V 4.7's "
-                                           f"({' or '.join(PROJECTORS)})", h)
+                                           f"({' or '.join(PROJECTORS)})", h, claims="mmproj")
         if kv.get("clip.has_vision_encoder") is False:
-            return Probe(path, None, arch, "a projector without a vision encoder", h)
+            return Probe(path, None, arch, "a projector without a vision encoder", h, claims="mmproj")
     return Probe(path, role, arch, role, h)
 
 
@@ -266,6 +267,11 @@ def _from_folder(folder: Path, given: set[str] = frozenset()) -> Artifacts:
     notes = []
     for p in ggufs:
         pr = probe(p)
+        if pr.role is None and pr.claims == "mmproj" and "mmproj" not in given:
+            # a folder's projector is this model's or the folder is refused (docs/gguf-files.md): passing it over
+            # would start the model text-only and answer every image request with an error
+            raise ManifestError(f"{folder}: {p.name} is {pr.why}: refused (remove it, or name this model's "
+                                f"projector with --mmproj FILE)")
         if pr.role is None:
             notes.append(f"{p.name}: passed over ({pr.why})")
         else:

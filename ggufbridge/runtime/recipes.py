@@ -40,15 +40,18 @@ def _int(lo=None, hi=INT32_MAX):
         if isinstance(v, bool) or not isinstance(v, int):
             raise RecipeError(f"{key}: expected an integer, found {v!r}")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise RecipeError(f"{key}: expected an integer in [{lo}, {hi if hi is not None else '∞'}], found {v}")
+            raise RecipeError(f"{key}: expected an integer in [{lo}, {hi if hi is not None else '∞'}], "
+                              f"found {str(v)[:40]}")
         return v
     return check
 
 
 def _num(lo=0.0, hi=MAX_GIB):
     def check(key, v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
-            raise RecipeError(f"{key}: expected a number >= {lo}, found {v!r}")
+        # an integer of hundreds of digits is no float: compare before math.isfinite converts it
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, int) and abs(v) > 2**64)
+                or not math.isfinite(v) or v < lo):
+            raise RecipeError(f"{key}: expected a number >= {lo}, found {str(v)[:40]}")
         if hi is not None and v > hi:
             raise RecipeError(f"{key}: expected a number in [{lo}, {hi}], found {v!r}")
         return float(v)

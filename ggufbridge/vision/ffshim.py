@@ -76,6 +76,40 @@ def _source(inp: str):
     return inp, f"video {inp}"
 
 
+def _still_image(src) -> bytes | None:
+    """The bytes of `src` when they are a still image by their signature, else None. llama-server hands this
+    reader the images stb_image cannot decode: WebP as a single frame, and TIFF (or anything else) as a video. A
+    picture is judged as a picture (preprocess: its size from the header, before decoding), so that a WebP or
+    TIFF declaring 100000×100000 pixels is refused as an image too large, not as "a video with no frame size"."""
+    from ggufbridge.vision.preprocess import image_signature
+
+    if isinstance(src, io.BytesIO):
+        data = src.getvalue()
+        return data if image_signature(data[:16]) else None
+    try:
+        with open(src, "rb") as f:
+            if image_signature(f.read(16)) is None:
+                return None
+            f.seek(0)
+            return f.read()
+    except OSError:
+        return None  # the video path reports it
+
+
+def _serve_still(name: str, data: bytes) -> int:
+    """A still image in the protocol: one frame (ffprobe: its size, one frame at 1 fps; ffmpeg: its RGB)."""
+    from ggufbridge.vision.preprocess import load_image_bytes
+
+    img = load_image_bytes(data, f"image ({len(data)} bytes)")  # checked from the header, then decoded
+    if name == "ffprobe":
+        sys.stdout.write(f"width={img.width}\nheight={img.height}\nr_frame_rate=1.0\nnb_frames=1\n"
+                         f"duration=1.0\n")
+        return 0
+    sys.stdout.buffer.write(img.tobytes())
+    sys.stdout.buffer.flush()
+    return 0
+
+
 def main(name: str, args: list[str], max_num_frames: int = 128, stack_frames: int = 1) -> int:
     from ggufbridge.errors import VisionInputError
     from ggufbridge.vision import video
@@ -85,6 +119,9 @@ def main(name: str, args: list[str], max_num_frames: int = 128, stack_frames: in
         src, label = _source(_input(args))
         if isinstance(src, io.BytesIO) and src.getbuffer().nbytes == 0:
             raise VisionInputError(f"{label}: the video is empty")
+        still = _still_image(src)
+        if still is not None:
+            return _serve_still(name, still)
         with video._open(src, label) as c:
             info = video._info(c, label)
         indices = video.sample_indices(info, max_num_frames)
