@@ -134,14 +134,25 @@ def test_build_runtime_without_one_patch_keys_its_own_build():
 
 def test_patches_that_left_the_series_wait_in_the_same_form():
     """patches/not-applied/ holds the performance patches without a recorded GPU gain (docs/patches.md): in the
-    series' form, one concern each, each with its off switch in the message, so that a device session can measure
-    one against the series (build_runtime.sh --cuda --with-patch FILE) and bring it back."""
+    series' form, one concern each, so that a device session can measure one against the series
+    (build_runtime.sh --cuda --with-patch FILE) and bring it back; each is in the ledger."""
     left = patches.series(NOT_APPLIED)
     assert left, "patches/not-applied/ is empty: drop this test with the folder"
+    ledger = (ROOT / "docs" / "patches.md").read_text()
     for c in left:
-        head = assert_format_patch_with_a_why(c)
+        assert_format_patch_with_a_why(c)
         assert c.concern_problems() == [], c.name
-        assert re.search(r"\b(GGML|LLAMA)_[A-Z0-9_]+=0\b", head), f"{c.name}: its off switch is in the message"
+        assert c.name in ledger, f"{c.name} is not in docs/patches.md"
+
+
+def test_the_ledger_lists_every_patch_with_its_lines():
+    """docs/patches.md has one row per patch of both parts, with the patch's own diffstat figures."""
+    rows = {line.split("|")[1].strip().strip("`"): line for line in (ROOT / "docs" / "patches.md").read_text()
+            .splitlines() if line.startswith("| `")}
+    for p in patches.all_patches() + patches.series(NOT_APPLIED):
+        assert p.name in rows, f"{p.name} has no row in docs/patches.md"
+        stat = re.search(r"(\d+) insertions?\(\+\)(?:, (\d+) deletions?)?", p.path.read_text())
+        assert f"+{stat.group(1)}/−{stat.group(2) or 0}" in rows[p.name], (p.name, rows[p.name])
 
 
 def test_build_runtime_with_extra_patches_keys_its_own_build():
