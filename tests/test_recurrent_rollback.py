@@ -181,11 +181,12 @@ def test_a_state_one_token_off_is_caught(rt):
 @needs_perf_patch("memory-recurrent-state-in-place")
 @pytest.mark.parametrize("n_rs", [0, N_RS])
 def test_decode_steps_read_each_state_where_it_is(rt, n_rs):
-    """Patch memory-recurrent-state-in-place (performance part): once each sequence's gated-delta-net state sits in its own cell, a
-    decode step reads it there (the layer's state is a view of the cache, cache_s_l<il>, not a gathered copy of
-    2 MiB a sequence and layer at full shape), also a step of sequences 1 and 2 alone (their cells start at 1) and
-    with rollback snapshots kept; every row's logits equal the sequence decoded alone. The check of where the
-    state is read can fail: the step after a rollback must gather (it reads a snapshot group), and it does."""
+    """Patch memory-recurrent-state-in-place (performance part): once each sequence's gated-delta-net state sits in
+    its own cell, a decode step reads it there (the layer's state is a view of the cache, cache_s_l<il>, not a
+    gathered copy of 2 MiB a sequence and layer at full shape), also a step of sequences 1 and 2 alone (their cells
+    start at 1) and with rollback snapshots kept; every row's logits equal the sequence decoded alone. The check of
+    where the state is read can fail: the step after a rollback must gather (it reads a snapshot group), and it
+    does."""
     ctx = rt.context(3, n_rs, True, count_ubatches=True)
     _prefill(rt, ctx, [0, 1, 2])
     hist = {s: list(PROMPTS[s]) for s in PROMPTS}

@@ -83,7 +83,8 @@ def diagnose(llama_bin: str | None = None, python: str | None = None) -> Report:
     b = loc.probe_bindings(python)
     if b.error:
         r.out(f"bindings  {b.python}: llama_cpp not importable ({b.error})")
-        r.problems.append(f"python bindings: {b.error}; install them with `ggufbridge build-runtime --python {b.python}`")
+        r.problems.append(f"python bindings: {b.error}; install them with "
+                          f"`ggufbridge build-runtime --python {b.python}`")
     else:
         r.out(f"bindings  {b.python}: llama_cpp {b.version} loads")
         r.lines += [(f"            {lib}", False) for lib in b.libs]

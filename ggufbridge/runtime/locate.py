@@ -3,8 +3,8 @@
 Order: an explicit `--llama-bin DIR` (a user's own build), then `$LLAMA_CPP_BIN`, then the cached build
 that native/build_runtime.sh (`ggufbridge build-runtime`) writes to
 `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-VERSION-{cuda,cpu}-pHASH` for this package's patch series (CUDA
-preferred when both exist; each variant's default parts first, then the other choice: patches.build_series). Every candidate is validated the same way by
-`check()`.
+preferred when both exist; each variant's default parts first, then the other choice: patches.build_series).
+Every candidate is validated the same way by `check()`.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ numbers. This module is the one home of the rule that picks a build's patches an
 key: native/build_runtime.sh asks it (`python3 patches.py select ...`, stdlib only, no package import), and
 `locate` finds the build by the same hash. The build's runtime.json lists the patches it carries.
 
-A runtime built elsewhere (`--llama-bin`, `LLAMA_CPP_BIN`) is recognised by what its libraries contain: `CANVAS_KEY` is a string that only the canvas M-RoPE patch adds
-to libmtmd, `ROLLBACK_KEY` one that only the recurrent-rollback patch adds to libllama.
+A runtime built elsewhere (`--llama-bin`, `LLAMA_CPP_BIN`) is recognised by what its libraries contain:
+`CANVAS_KEY` is a string that only the canvas M-RoPE patch adds to libmtmd, `ROLLBACK_KEY` one that only the
+recurrent-rollback patch adds to libllama.
 """
 
 from __future__ import annotations
