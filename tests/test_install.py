@@ -4,13 +4,14 @@ outside it, run from a folder that is not the checkout.
 The wheel must carry the runtime's build (native/build_runtime.sh, build_ui.sh) and both parts of the patch series,
 so that the installed copy computes the same series hashes as the checkout and so finds the runtime the checkout
 built (the cache folder is keyed by them), and `ggufbridge build-runtime` runs the same script. The venv sees the
-test environment's packages (--system-site-packages: torch and the llama_cpp bindings are not installed again),
-but ggufbridge itself must come from the wheel.
+test environment's packages (a .pth file: torch and the llama_cpp bindings are not installed again), but
+ggufbridge itself must come from the wheel.
 """
 
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import zipfile
@@ -36,8 +37,13 @@ def installed(tmp_path_factory):
     assert res.returncode == 0, res.stderr[-3000:]
     (wheel,) = wheels.glob("ggufbridge-*.whl")
     venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
+    # this environment's packages (torch, gguf, the llama_cpp bindings) as plain path entries after the venv's own:
+    # not its .pth files, so the checkout's editable ggufbridge stays out
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "_test_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     res = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stderr[-3000:]
