@@ -95,7 +95,7 @@ pack_runtime() {  # BUILD TREE
   local hash bin t f
   [ -f "$build/bin/libggml-cuda.so" ] || { echo "device.sh: $build/bin has no libggml-cuda.so (not a CUDA build?)" >&2; exit 2; }
   [ -f "$tree/include/llama.h" ] || { echo "device.sh: $tree is not a llama.cpp tree" >&2; exit 2; }
-  hash=$(.venv/bin/python -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())") || exit 1
+  hash=$(.venv/bin/python -c "from ggufbridge.runtime.patches import build_series, series_hash; print(series_hash(build_series('cuda')))") || exit 1
   t=$(mktemp -d)
   bin="$t/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash/build/bin"
   mkdir -p "$bin" "$t/src/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-p$hash"
@@ -113,7 +113,7 @@ pack_runtime() {  # BUILD TREE
   .venv/bin/python - "$t/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash" <<'PY' || exit 1
 import json, sys
 from ggufbridge.runtime import locate, patches
-s = patches.series()
+s = patches.build_series("cuda")  # a CUDA build: the core and the performance part
 json.dump({"version": locate.RUNTIME_VERSION, "commit": locate.PINNED_COMMIT, "variant": "cuda",
            "backends": ["cpu", "rpc", "cuda"], "patches": [p.path.stem for p in s],
            "patch_hash": patches.series_hash(s), "built": "here (benchmarks/device.sh pack-runtime)"},
@@ -128,7 +128,7 @@ PY
 unpack_runtime() {  # the runtime pack-runtime made, into the cache, when it is of this checkout's series
   local tarball=$DEV/runtime-cuda.tar.xz hash
   [ -f "$tarball" ] || return 1
-  hash=$(python3 -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())") || return 1
+  hash=$(python3 -c "from ggufbridge.runtime.patches import build_series, series_hash; print(series_hash(build_series('cuda')))") || return 1
   [ "$(tar -xJOf "$tarball" ./HASH)" = "$hash" ] || { echo "device.sh: $tarball is of another series: building" >&2; return 1; }
   local bin=$CACHE/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash/build/bin
   [ -x "$bin/llama-server" ] || tar -xJf "$tarball" -C "$CACHE" --exclude ./HASH || return 1
