@@ -95,7 +95,7 @@ pack_runtime() {  # BUILD TREE
   local hash bin t f
   [ -f "$build/bin/libggml-cuda.so" ] || { echo "device.sh: $build/bin has no libggml-cuda.so (not a CUDA build?)" >&2; exit 2; }
   [ -f "$tree/include/llama.h" ] || { echo "device.sh: $tree is not a llama.cpp tree" >&2; exit 2; }
-  hash=$(.venv/bin/python -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())") || exit 1
+  hash=$(.venv/bin/python -c "from ggufbridge.runtime.patches import build_series, series_hash; print(series_hash(build_series('cuda')))") || exit 1
   t=$(mktemp -d)
   bin="$t/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash/build/bin"
   mkdir -p "$bin" "$t/src/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-p$hash"
@@ -113,7 +113,7 @@ pack_runtime() {  # BUILD TREE
   .venv/bin/python - "$t/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash" <<'PY' || exit 1
 import json, sys
 from ggufbridge.runtime import locate, patches
-s = patches.series()
+s = patches.build_series("cuda")  # a CUDA build: the core and the performance part
 json.dump({"version": locate.RUNTIME_VERSION, "commit": locate.PINNED_COMMIT, "variant": "cuda",
            "backends": ["cpu", "rpc", "cuda"], "patches": [p.path.stem for p in s],
            "patch_hash": patches.series_hash(s), "built": "here (benchmarks/device.sh pack-runtime)"},
@@ -128,7 +128,7 @@ PY
 unpack_runtime() {  # the runtime pack-runtime made, into the cache, when it is of this checkout's series
   local tarball=$DEV/runtime-cuda.tar.xz hash
   [ -f "$tarball" ] || return 1
-  hash=$(python3 -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())") || return 1
+  hash=$(python3 -c "from ggufbridge.runtime.patches import build_series, series_hash; print(series_hash(build_series('cuda')))") || return 1
   [ "$(tar -xJOf "$tarball" ./HASH)" = "$hash" ] || { echo "device.sh: $tarball is of another series: building" >&2; return 1; }
   local bin=$CACHE/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-cuda-p$hash/build/bin
   [ -x "$bin/llama-server" ] || tar -xJf "$tarball" -C "$CACHE" --exclude ./HASH || return 1
@@ -208,7 +208,8 @@ case $job in
   # rebuilding; test-backend-ops only when a step runs it
   fattn) setup_device $(case " $* " in *" fatest "*) echo --tests;; esac) --target llama-batched-bench
          exec bash benchmarks/gpu/fattn_h200.sh "$@" ;;
-  # STREAMS_CANDIDATES=1: the series and then benchmarks/gpu/candidates/*.patch (each with an environment variable
+  # STREAMS_CANDIDATES=1: the series and then the not-applied patches STREAMS_CANDIDATE_FILES names (default
+  # patches/not-applied/0027-*.patch, the multi-column mat-vec; each with an environment variable
   # that turns it off, so that one build measures before and after) and the decode perf cases of test-backend-ops
   # (the build takes ~5 min: the candidates' own kernel table and the target file are made beside it, then waited for;
   # MOE_KERNEL=0 leaves the table out, e.g. when benchmarks/results/kernels/h200-moe.txt already has this tree's)
@@ -216,7 +217,7 @@ case $job in
            case " $* " in *" eval"*) a+=(--tests);; esac  # eval, eval-fa: test-backend-ops
            if [ "${STREAMS_CANDIDATES:-0}" = 1 ]; then
              a+=(--tests --with-patch benchmarks/gpu/test-backend-ops-qwen35-decode-perf.patch)
-             for f in benchmarks/gpu/candidates/[0-9]*.patch; do a+=(--with-patch "$f"); done
+             for f in ${STREAMS_CANDIDATE_FILES:-patches/not-applied/0027-*.patch}; do a+=(--with-patch "$f"); done
              setup_device --no-runtime; extract_sources; mkdir -p "$WORK/out"  # concurrency_h200.sh's results
              [ -s "$WORK/out/moe-kernel.txt" ] || [ "${MOE_KERNEL:-1}" = 0 ] || bash benchmarks/gpu/moe_kernel/run.sh \
                "$CACHE/src/$SDIST/vendor/llama.cpp" "$WORK/out" > "$WORK/out/moe-kernel.log" 2>&1 &  # once a machine

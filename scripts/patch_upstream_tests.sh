@@ -1,32 +1,38 @@
 #!/usr/bin/env bash
 # The tests llama.cpp ships for what the patch series touches, built from the patched tree that build_runtime.sh
-# made (run it first) and run here: libmtmd's C API and internals (chunk serialization), the batch allocator, the
-# KV cells' per-cell sequence summary (test-kv-cells, the series' own),
+# made (run it first) and run here: libmtmd's C API and internals (chunk serialization, a canvas chunk's round trip
+# among it: patch 0007 extends test-mtmd-c-api), the batch allocator,
 # every architecture's tiny-model test (the KV cache and M-RoPE models: qwen2vl, qwen3vl, qwen35 among 133), the
 # recurrent-state rollback test over every recurrent and hybrid architecture's dummy model (the rollback patch's
-# "moved cell" case among them; qwen35moe's in-place state read too), and the samplers' tests (test-sampling; the
-# backend samplers on the demo's synthetic model, test-backend-sampler: the greedy-chain patch's backend greedy).
-#   scripts/patch_upstream_tests.sh        (~15 min on 2 cores: it compiles the library again with the tests)
-# With --cuda (a machine with nvcc and a GPU; --cuda-arch N, default 90): the ggml-cuda patch instead, through
-# test-backend-ops: every FLASH_ATTN_EXT case with a quantized K/V cache on CUDA0 against the CPU backend, with
-# the dispatch as shipped and with the GQA variant allowed for batches up to 16 tokens.
+# "moved cell" case among them), and the samplers' tests (test-sampling; the backend samplers on the demo's
+# synthetic model, test-backend-sampler).
+#   scripts/patch_upstream_tests.sh          the core part's tree (what a CPU build applies; ~15 min on 2 cores:
+#                                            it compiles the library again with the tests)
+#   scripts/patch_upstream_tests.sh --perf   the tree with the performance part too (build_runtime.sh --perf
+#                                            first): adds the KV cells' per-cell sequence summary (test-kv-cells,
+#                                            the mask patch's own) and qwen35moe's in-place state read in the
+#                                            rollback test
+# With --cuda (a machine with nvcc and a GPU; --cuda-arch N, default 90): the CUDA build's tree (core and
+# performance part), through test-backend-ops: every FLASH_ATTN_EXT case with a quantized K/V cache on CUDA0
+# against the CPU backend, with the dispatch as shipped and with the GQA variant allowed for batches up to 16 tokens.
 #   scripts/patch_upstream_tests.sh --cuda [--cuda-arch 90]
 set -euo pipefail
-CUDA=0; ARCH=90
+CUDA=0; ARCH=90; SEL=(--variant cpu)
 while [ $# -gt 0 ]; do
   case $1 in
-    --cuda) CUDA=1 ;;
+    --cuda) CUDA=1; SEL=(--variant cuda) ;;
     --cuda-arch) ARCH=$2; shift ;;
-    *) echo "usage: $0 [--cuda [--cuda-arch N]]" >&2; exit 2 ;;
+    --perf) SEL=(--variant cpu --perf) ;;
+    *) echo "usage: $0 [--perf | --cuda [--cuda-arch N]]" >&2; exit 2 ;;
   esac
   shift
 done
 C="${GGUFBRIDGE_CACHE:-$HOME/.cache/ggufbridge}"
-# the tree of the series in patches/llama.cpp now (its hash as build_runtime.sh computes it), not any older one
-PHASH=$(cd "$(dirname "$0")/.." && .venv/bin/python -c "from ggufbridge.runtime.patches import series_hash; print(series_hash())")
+# the tree of the series as it is now (its hash from patches.py, as build_runtime.sh asks it), not any older one
+PHASH=$(python3 "$(dirname "$0")/../ggufbridge/runtime/patches.py" hash "${SEL[@]}")
 . "$(dirname "$0")/../ggufbridge/runtime/llama_cpp.pin"  # the pin's one home
 TREE="$C/src/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-p$PHASH"
-[ -d "$TREE" ] || { echo "no patched tree $TREE: run scripts/build_runtime.sh first" >&2; exit 2; }
+[ -d "$TREE" ] || { echo "no patched tree $TREE: run scripts/build_runtime.sh ${SEL[*]/--variant cpu/} first" >&2; exit 2; }
 echo "patched tree: $TREE"
 B="$C/tests-build-p$PHASH"
 if [ $CUDA = 1 ]; then
@@ -47,8 +53,8 @@ if [ $CUDA = 1 ]; then
   done
   exit 0
 fi
-TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-kv-cells test-llama-archs test-recurrent-state-rollback
-       test-sampling)
+TESTS=(test-mtmd-c-api test-mtmd-impl test-batch-alloc test-llama-archs test-recurrent-state-rollback test-sampling)
+[ -f "$TREE/tests/test-kv-cells.cpp" ] && TESTS+=(test-kv-cells)  # the mask patch's own (performance part)
 cmake -S "$TREE" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_MTMD=ON >"$B.configure.log" 2>&1
 # test-backend-sampler is built with them and run case by case below

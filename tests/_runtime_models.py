@@ -41,3 +41,20 @@ def serve_process(out_dir: Path, console: Path, *args: str, timeout: float = 300
     srv = sv.Server(argv, "127.0.0.1", port, console, env=env).start()
     srv.wait_ready(timeout)
     return srv
+
+
+def needs_perf_patch(name: str):
+    """A skip mark for the test of a patch of the performance part (ggufbridge/runtime/native/llama.cpp-perf/), which
+    CPU builds leave out by default (docs/patches.md): the test runs where the runtime carries the patch (a CUDA
+    build, or `ggufbridge build-runtime --perf` on a CPU) and says why it does not elsewhere."""
+    import pytest
+
+    from ggufbridge.errors import RuntimeNotFound
+    from ggufbridge.runtime import locate as loc
+
+    try:
+        carried = any(name in p for p in loc.locate().patches)
+    except RuntimeNotFound:
+        carried = False
+    return pytest.mark.skipif(not carried, reason=f"the runtime does not carry performance patch {name} (CPU builds "
+                                                  f"apply the core part only; `ggufbridge build-runtime --perf`)")

@@ -1,4 +1,5 @@
-"""The KQ mask's one-pass fill (patch `kv-cache-mask-seq-summary`, issue 24) against the loop it bypasses.
+"""The KQ mask's one-pass fill (patch `kv-cache-mask-seq-summary` of the performance part, issue 24) against the loop
+it bypasses; run where the runtime carries it (CUDA builds, or a CPU build with --perf).
 
 Before each ubatch libllama fills the attention mask on the host, one value per cached cell per token. The patch
 fills a row in one pass over a compact per-cell sequence summary when no cell is shared by several sequences, and
@@ -15,7 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _runtime_models import needs_perf_patch
 from test_recurrent_rollback import TOL, Runtime
+
+pytestmark = needs_perf_patch("kv-cache-mask-seq-summary")
 
 PREFIX = [11 + (7 * i) % 50 for i in range(40)]
 CHUNK = [61, 62, 63, 64, 65, 66, 67, 68]

@@ -24,6 +24,7 @@ import ctypes
 import numpy as np
 import pytest
 from _cores import THREADS
+from _runtime_models import needs_perf_patch
 
 N_RS = 4          # snapshots per sequence: drafts of up to 4 tokens roll back
 PROMPTS = {0: [11, 12, 13], 1: [21, 22, 23], 2: [31, 32, 33]}
@@ -177,36 +178,15 @@ def test_a_state_one_token_off_is_caught(rt):
     assert float(np.abs(got - wrong).max()) > 100 * TOL
 
 
-def test_verifications_of_equal_length_share_a_ubatch(rt):
-    """Patch batch-group-short-runs-by-length: four drafting streams whose verifications are 5, 5, 1 and 5 tokens
-    (one stream's draft came back empty) decode as two ubatches, the three of 5 tokens together, each ubatch a pass
-    over all weights; the 13-patch runtime's split took them one at a time (4). Every row's logits still equal
-    each sequence decoded alone."""
-    lengths = [5, 5, 1, 5]
-    prompts = {s: [10 + s, 20 + s, 30 + s] for s in range(4)}
-    ctx = rt.context(4, N_RS, True, count_ubatches=True)
-    rt.decode(ctx, [(s, i, t, False) for s in range(4) for i, t in enumerate(prompts[s])])
-    items = [(s, 3 + k, 40 + s + k, True) for s in range(4) for k in range(lengths[s])]
-    before = rt.graphs
-    got = rt.decode(ctx, items)
-    assert rt.graphs - before == 2, f"{rt.graphs - before} ubatches for verifications of {lengths} tokens"
-    row = 0
-    for s in range(4):
-        alone = rt.context(1, 0, unified=True)
-        rt.decode(alone, [(0, i, t, False) for i, t in enumerate(prompts[s])])
-        want = rt.decode(alone, [(0, 3 + k, 40 + s + k, True) for k in range(lengths[s])])
-        for k in range(lengths[s]):
-            assert float(np.abs(got[row] - want[k]).max()) < TOL, (s, k)
-            row += 1
-
-
+@needs_perf_patch("memory-recurrent-state-in-place")
 @pytest.mark.parametrize("n_rs", [0, N_RS])
 def test_decode_steps_read_each_state_where_it_is(rt, n_rs):
-    """Patch memory-recurrent-state-in-place: once each sequence's gated-delta-net state sits in its own cell, a
-    decode step reads it there (the layer's state is a view of the cache, cache_s_l<il>, not a gathered copy of
-    2 MiB a sequence and layer at full shape), also a step of sequences 1 and 2 alone (their cells start at 1) and
-    with rollback snapshots kept; every row's logits equal the sequence decoded alone. The check of where the
-    state is read can fail: the step after a rollback must gather (it reads a snapshot group), and it does."""
+    """Patch memory-recurrent-state-in-place (performance part): once each sequence's gated-delta-net state sits in
+    its own cell, a decode step reads it there (the layer's state is a view of the cache, cache_s_l<il>, not a
+    gathered copy of 2 MiB a sequence and layer at full shape), also a step of sequences 1 and 2 alone (their cells
+    start at 1) and with rollback snapshots kept; every row's logits equal the sequence decoded alone. The check of
+    where the state is read can fail: the step after a rollback must gather (it reads a snapshot group), and it
+    does."""
     ctx = rt.context(3, n_rs, True, count_ubatches=True)
     _prefill(rt, ctx, [0, 1, 2])
     hist = {s: list(PROMPTS[s]) for s in PROMPTS}

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from ggufbridge.cli import cli
 from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.runtime import locate as loc
+from ggufbridge.runtime.patches import series_hash
 
 
 def _exe(path: Path, body: str) -> Path:
@@ -182,10 +183,10 @@ def test_non_executable_and_broken_server(tmp_path):
 
 
 def _cached(cache: Path, variant: str, patch_hash: str | None = None) -> Path:
-    """A build folder as scripts/build_runtime.sh names it: keyed by the patch series' hash."""
-    from ggufbridge.runtime.patches import series_hash
+    """A build folder as build_runtime.sh names it: keyed by the hash of the patches a build of `variant` applies."""
+    from ggufbridge.runtime.patches import build_series
 
-    prefix = cache / f"llama.cpp-{loc.RUNTIME_VERSION}-{variant}-p{patch_hash or series_hash()}"
+    prefix = cache / f"llama.cpp-{loc.RUNTIME_VERSION}-{variant}-p{patch_hash or series_hash(build_series(variant))}"
     (prefix / "build" / "bin").mkdir(parents=True)
     (prefix / "runtime.json").write_text(json.dumps({"version": loc.RUNTIME_VERSION, "commit": loc.PINNED_COMMIT,
                                                      "variant": variant, "backends": ["cpu", variant],
@@ -223,7 +224,23 @@ def test_doctor_without_any_runtime(tmp_path, monkeypatch):
     monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)
     res = CliRunner().invoke(cli, ["doctor"])
     assert res.exit_code == 2
-    assert "build_runtime.sh" in res.stderr and "Traceback" not in res.output
+    assert "runtime   none: no llama.cpp runtime" in res.stdout and "Traceback" not in res.output
+    # the one command that builds it, and the series it would build (its hash is the cache key)
+    assert "problem: runtime: no llama.cpp build" in res.stderr and "`ggufbridge build-runtime`" in res.stderr
+    assert f"(hash {series_hash()}, CPU builds)" in res.stdout
+
+
+def test_a_cpu_build_with_the_performance_part_is_found_too(tmp_path, monkeypatch):
+    """build_runtime.sh --perf on a CPU (or --no-perf with --cuda) keys its folder by that choice's hash; locate
+    looks for it after the variant's default."""
+    from ggufbridge.runtime.patches import build_series
+
+    monkeypatch.setenv("GGUFBRIDGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)
+    perf = _cached(tmp_path / "cache", "cpu", patch_hash=series_hash(build_series("cpu", perf=True)))
+    assert loc.locate().bin_dir == perf
+    core = _cached(tmp_path / "cache", "cpu")
+    assert loc.locate().bin_dir == core  # the default first
 
 
 def test_launch_env_puts_the_runtime_libs_first(tmp_path, monkeypatch):

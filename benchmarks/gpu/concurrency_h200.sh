@@ -45,7 +45,7 @@
 #                $OUT/mmid.txt, $OUT/mm.txt
 #   profile      one decode step at 1 and 8 sequences kernel by kernel (ncu, decode_profile.py; slow: ncu
 #                serialises ~1,700 kernels per step, run it alone); $OUT/decode-profile-h200.json
-# With STREAMS_CANDIDATES=1 (device.sh: the runtime is the series and then benchmarks/gpu/candidates/*.patch, with
+# With STREAMS_CANDIDATES=1 (device.sh: the runtime is the series and then the not-applied patches STREAMS_CANDIDATE_FILES names, with
 # test-backend-ops and its decode perf cases; the candidates' kernel table moe-kernel.txt and the target file are
 # made during the build) six more steps; each candidate has a variable that turns it off ($CAND_OFF), so the same
 # build is the series (before) and the series with the candidates (after):

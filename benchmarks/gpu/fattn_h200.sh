@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device job `benchmarks/device.sh fattn STEP...` (issue 24): decode at depth with quantized K/V, without (b0) and
-# with (b1) the patches for it: the GQA kernel (patches/llama.cpp/*fattn-gqa*) and the KQ-mask fill
+# with (b1) the patches for it: the GQA kernel (ggufbridge/runtime/native/llama.cpp-perf/*fattn-gqa*) and the KQ-mask fill
 # (*mask-seq-summary*). b1 is the runtime device.sh built or unpacked (with test-backend-ops); by default b0 is the
 # same binaries with GGML_CUDA_FA_MMA_Q_MAX_BATCH=0 (the kernel patch adds one branch in front of the stock kernel
 # choice, so with it off every call takes the stock kernel; the mask patch stays). FATTN_B0=build builds the series

@@ -243,7 +243,7 @@ def plan_mmproj(md: ModelDir, text_hidden: int, downsample: str | None = None) -
     plan.arr(Keys.ClipVision.IMAGE_STD, [float(x) for x in p.std])
     plan.u32(Keys.ClipVision.Projector.SCALE_FACTOR, p.scale_factor)
     plan.arr(Keys.ClipVision.WA_LAYER_INDEXES, [int(p.insert_layer_id)])  # INT32 elements (the runtime insists)
-    # read by ggufbridge's patched libmtmd only (patches/llama.cpp, docs/vision.md): the processor's own slicing,
+    # read by ggufbridge's patched libmtmd only (the core patches, docs/vision.md): the processor's own slicing,
     # canvas M-RoPE and the <image_id> prefix; a stock runtime ignores unknown keys
     plan.bool(MINICPMV_PROCESSOR_SLICING, True)
     plan.u32(MINICPMV_MAX_SLICE_NUMS, p.max_slice_nums)

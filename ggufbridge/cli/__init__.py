@@ -21,6 +21,7 @@ from ggufbridge.cli._common import INTERNAL_ERROR, interruptible, user_errors
 
 # command name -> module in ggufbridge.cli exporting `command` (a click.Command)
 COMMANDS = {
+    "build-runtime": "build_runtime",
     "convert": "convert",
     "demo": "demo",
     "doctor": "doctor",

@@ -2,7 +2,7 @@
 `gguf.MODEL_TENSORS`), so a misspelt name fails at import or in tests/test_gguf_names.py, not when llama.cpp loads
 the file. Below them, a local table of only what gguf 0.19 does not have: the `dflash` (DFlash/DSpark draft)
 architecture, the MiniCPM-V 4.6/4.7 window merger (`v.vit_merger.*`), the `clip.minicpmv.*` keys read by
-ggufbridge's patch series (patches/llama.cpp), and qwen35moe's per-layer recurrent flags.
+ggufbridge's patch series (docs/patches.md), and qwen35moe's per-layer recurrent flags.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ggufbridge.errors import RuntimeNotFound
 from ggufbridge.ggufio.names import DRAFT_KEYS
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import patches
@@ -23,12 +24,29 @@ class Report:
         self.lines.append((f"warning: {text}", True))
 
 
+def series_line() -> str:
+    """This package's patch series: each part's patch count and the hash of each build choice (the cache keys
+    `locate` looks for)."""
+    core, perf = patches.series(patches.CORE), patches.series(patches.PERF)
+    return (f"{patches.PARTS[0]} {len(core)} patches (hash {patches.series_hash(core)}, CPU builds), "
+            f"+ {patches.PARTS[1]} {len(perf)} (hash {patches.series_hash(core + perf)}, CUDA builds)")
+
+
 def diagnose(llama_bin: str | None = None, python: str | None = None) -> Report:
     """The runtime (`locate(llama_bin)`: path, commit, backends, patches, vision, drafts, chat page), its capability
     checks, and the Python bindings of `python` (default: this interpreter)."""
-    rt = loc.locate(llama_bin)
-    results = loc.check(rt)
     r = Report()
+    r.out(f"series    {series_line()}")
+    try:
+        rt = loc.locate(llama_bin)
+    except RuntimeNotFound as e:
+        # no build yet (a fresh install): say so and the one command that builds it, and stop there
+        r.out(f"runtime   none: {e}")
+        r.problems.append("runtime: no llama.cpp build of this package's patch series; build it with "
+                          "`ggufbridge build-runtime` (add --cuda for a GPU build: the CUDA toolkit must be "
+                          "installed), then run `ggufbridge doctor` again")
+        return r
+    results = loc.check(rt)
     r.out(f"runtime   {rt.bin_dir}  (found via {rt.source})")
     r.out(f"version   llama.cpp {rt.version or '?'}, commit {rt.commit or '?'}"
           + (f" (llama-cpp-python {rt.info['version']} tree)" if rt.info.get("version") else ""))
@@ -54,10 +72,10 @@ def diagnose(llama_bin: str | None = None, python: str | None = None) -> Report:
         r.out("page      llama-server's chat page: yes (at the server's address, `ggufbridge serve` prints it)")
     else:
         r.warn(f"page: this llama-server has no chat page (API only); {loc.PAGE_HINT}")
-    want = patches.series_hash()
-    if carried and rt.info.get("patch_hash") not in (None, want):
-        r.warn(f"this runtime carries patch series {rt.info.get('patch_hash')}, this checkout has {want}: rebuild "
-               f"with scripts/build_runtime.sh")
+    wanted = {h for _, h in loc.cached_keys()}
+    if carried and rt.info.get("patch_hash") not in wanted | {None}:
+        r.warn(f"this runtime carries patch series {rt.info.get('patch_hash')}, this package has "
+               f"{' or '.join(sorted(wanted))}: rebuild with `ggufbridge build-runtime`")
     for c in results:
         r.out(f"  {'ok     ' if c.ok else 'MISSING'}  {c.name:<26} {c.detail}")
         if not c.ok:
@@ -65,12 +83,13 @@ def diagnose(llama_bin: str | None = None, python: str | None = None) -> Report:
     b = loc.probe_bindings(python)
     if b.error:
         r.out(f"bindings  {b.python}: llama_cpp not importable ({b.error})")
-        r.problems.append(f"python bindings: {b.error}; install them with scripts/build_runtime.sh --python {b.python}")
+        r.problems.append(f"python bindings: {b.error}; install them with "
+                          f"`ggufbridge build-runtime --python {b.python}`")
     else:
         r.out(f"bindings  {b.python}: llama_cpp {b.version} loads")
         r.lines += [(f"            {lib}", False) for lib in b.libs]
         outside = b.outside(rt)
         if outside:
             r.problems.append(f"python bindings load {', '.join(outside)}, not the runtime in {rt.bin_dir}; "
-                              f"rebind them with scripts/build_runtime.sh --python {b.python}")
+                              f"rebind them with `ggufbridge build-runtime --python {b.python}`")
     return r

@@ -1,9 +1,10 @@
 """Find the llama.cpp runtime ggufbridge launches, and check that it can run MiniCPM-V 4.7.
 
 Order: an explicit `--llama-bin DIR` (a user's own build), then `$LLAMA_CPP_BIN`, then the cached build
-that scripts/build_runtime.sh writes to `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-VERSION-{cuda,cpu}-pHASH`
-for this checkout's patch series (CUDA preferred when both exist). Every candidate is validated the same way by
-`check()`.
+that native/build_runtime.sh (`ggufbridge build-runtime`) writes to
+`${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-VERSION-{cuda,cpu}-pHASH` for this package's patch series (CUDA
+preferred when both exist; each variant's default parts first, then the other choice: patches.build_series).
+Every candidate is validated the same way by `check()`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ PINNED_COMMIT = _PIN["LLAMA_CPP_COMMIT"]
 VARIANTS = ("cuda", "cpu")  # preference order for the cached build
 TOOLS = ("llama-server", "llama-cli", "llama-mtmd-cli", "llama-quantize", "llama-imatrix", "llama-perplexity",
          "ggml-rpc-server")
-BUILD_HINT = "run scripts/build_runtime.sh (add --cuda for a GPU build)"
+BUILD_HINT = "build it with `ggufbridge build-runtime` (it runs build_runtime.sh; --cuda for a GPU build)"
 
 # A C string that only a llama-server with its chat page embedded holds: the asset table the tree's
 # scripts/ui-assets.cmake generates names every file of the page, and server-http.cpp names this one only where
@@ -165,9 +166,8 @@ def locate(llama_bin: str | os.PathLike | None = None) -> Runtime:
     if env_bin:
         return _from_dir(Path(env_bin), "LLAMA_CPP_BIN")
     tried = []
-    want = patches.series_hash()
-    for variant in VARIANTS:
-        # the build of this checkout's patch series (scripts/build_runtime.sh keys the folder by its hash)
+    for variant, want in cached_keys():
+        # the build of this package's patch series (build_runtime.sh keys the folder by its hash)
         prefix = cache_dir() / f"llama.cpp-{RUNTIME_VERSION}-{variant}-p{want}"
         info_path = prefix / "runtime.json"
         tried.append(str(info_path))
@@ -177,6 +177,17 @@ def locate(llama_bin: str | os.PathLike | None = None) -> Runtime:
             return Runtime(bin_dir=bin_dir, source=f"cache ({variant})", info=info)
     raise RuntimeNotFound(f"no llama.cpp runtime: no --llama-bin, no LLAMA_CPP_BIN, no cached build "
                           f"({', '.join(tried)}); {BUILD_HINT}")
+
+
+def cached_keys() -> list[tuple[str, str]]:
+    """(variant, series hash) of the cached builds `locate` looks for, in order: per variant (CUDA first) its
+    default parts, then the other choice (a CPU build with --perf, a CUDA one with --no-perf)."""
+    keys = []
+    for variant in VARIANTS:
+        default = patches.perf_default(variant)
+        for perf in (default, not default):
+            keys.append((variant, patches.series_hash(patches.build_series(variant, perf))))
+    return keys
 
 
 def _from_dir(path: Path, source: str) -> Runtime:

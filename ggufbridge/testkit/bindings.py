@@ -1,6 +1,6 @@
 """Image prompts through llama-cpp-python on the patched runtime: libmtmd lays them out, we decode.
 
-With ggufbridge's patch series (patches/llama.cpp) libmtmd itself slices an image as MiniCPM-V 4.7's processor
+With the core part of ggufbridge's patch series libmtmd itself slices an image as MiniCPM-V 4.7's processor
 does, writes `<image_id>N</image_id>`, and turns the frame (markers and crops) into one chunk whose tokens carry
 canvas M-RoPE positions (`mtmd_image_tokens_get_decoder_pos`). This module is the low-level window onto that
 path, for tests and measurements: it tokenizes a prompt with libmtmd, encodes the image chunks, and decodes

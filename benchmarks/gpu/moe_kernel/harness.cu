@@ -1,5 +1,5 @@
 // The multi-token MoE mat-vecs of the series patch
-// patches/llama.cpp/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch alone on one GPU: the shaped generic
+// ggufbridge/runtime/native/llama.cpp-perf/0017-ggml-cuda-hopper-moe-shaped-mat-vec.patch alone on one GPU: the shaped generic
 // kernel (ggml-cuda/mmvq-moe-shaped.cuh, every shape in VARIANTS) and the Q3_K/Q4_K/Q8_0 row-per-warp kernels
 // (ggml-cuda/mmvq-moe-rowwarp.cuh, several shapes each) against a plain reference that sums upstream's vec_dot over
 // every quant index of every block. That checks the shaped kernel's indexing (rows, tokens, experts, K split) and

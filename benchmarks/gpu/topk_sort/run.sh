@@ -8,7 +8,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); TREE=$1; O=${2:-/tmp}
 . "$HERE/../common.sh"
 B=$(mktemp -d)
-G=$(patched_ggml "$B" "$TREE" top-k-tiles.cuh "$HERE"/../../../patches/llama.cpp/0020-ggml-cuda-top-k-small-k-tiles.patch)
+G=$(patched_ggml "$B" "$TREE" top-k-tiles.cuh "$HERE"/../../../patches/not-applied/0020-ggml-cuda-top-k-small-k-tiles.patch)
 nvcc -O3 -std=c++17 -arch=sm_$(gpu_arch) -w -I"$G/src/ggml-cuda" "$HERE/harness.cu" -o "$B/harness" > "$O/topk-sort-build.log" 2>&1 \
   || { tail -20 "$O/topk-sort-build.log"; exit 1; }
 timeout 120 "$B/harness" | tee "$O/topk-sort.txt"
