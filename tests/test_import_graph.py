@@ -96,7 +96,7 @@ LAYERS: dict[str, set[str]] = {
     "inspect": LEAVES | {"ggufio", "quant"},
     "convert": LEAVES | {"checkpoint", "ggufio", "arch", "quant"},
     "verify": LEAVES | {"checkpoint", "ggufio", "convert"},
-    "demo": LEAVES | {"compare", "convert", "testkit"},
+    "demo": LEAVES | {"compare", "convert", "testkit", "runtime", "ggufio"},  # it serves what it built
     "cli": LEAVES | {"checkpoint", "ggufio", "arch", "runtime", "compare", "quant", "inspect", "convert", "verify",
                      "demo", "vision"},
     "__main__": {"cli", "signals"},

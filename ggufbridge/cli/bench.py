@@ -67,13 +67,19 @@ def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file
                   llama_bin=llama_bin, timeout=timeout,
                   on_command=lambda mode, cmd: tqdm.write(f"[{mode}] {cmd}", file=sys.stderr))
     if concurrency is None:
-        with tqdm(desc="bench requests", unit="request", file=sys.stderr) as bar:
-            def moved(done, total):
-                bar.total = total
-                bar.update(done - bar.n)
+        bars = []  # made at the first request: a run refused before any server starts shows no bar
 
+        def moved(done, total):
+            if not bars:
+                bars.append(tqdm(total=total, desc="bench requests", unit="request", file=sys.stderr))
+            bars[0].update(done - bars[0].n)
+
+        try:
             lib, result = bn, bn.bench(model, prompt_lengths=lengths, draft_n_max=sweep, prompts=prompts,
                                        repeats=repeats, on_progress=moved, **common)
+        finally:
+            for bar in bars:
+                bar.close()
     else:
         with tqdm(total=len(levels) * (2 if draft else 1), desc="concurrency levels", unit="level",
                   file=sys.stderr) as bar:

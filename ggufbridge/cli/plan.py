@@ -8,7 +8,7 @@ import json
 import click
 
 from ggufbridge.cli import _options as opt
-from ggufbridge.runtime.machine import judge
+from ggufbridge.quant.here import judge
 from ggufbridge.runtime.session import prepare
 
 
