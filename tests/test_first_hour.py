@@ -259,7 +259,7 @@ def test_plan_ends_with_a_verdict_for_this_machine(out):
         assert "warning: recipe cpu budgets 60.0 GiB of host memory; this machine has" in text
 
 
-def test_verdict_and_warning_against_a_small_machine(out):
+def test_verdict_and_warning_against_a_small_machine(out, tmp_path):
     """The judgement itself, against a 23 GiB machine without GPUs: the cpu recipe's 60 GiB budget is warned about;
     a GPU recipe does not fit (no CUDA0 here); the rtx4090 plan of the real model's size would not either."""
     from ggufbridge.runtime import machine as mc
@@ -272,7 +272,9 @@ def test_verdict_and_warning_against_a_small_machine(out):
     assert mc.budget_warnings(s.plan, small) == [
         "warning: recipe cpu budgets 60.0 GiB of host memory; this machine has 23.0 GiB (20.0 GiB available): the "
         "table above is the recipe's machine, not this one"]
-    gpu = prepare(str(out), "rtx4090", need_runtime=False)
+    rec = tmp_path / "my4090.toml"  # F16 K/V: the tiny model's head_dim 16 is no whole q8_0 block
+    rec.write_text('base = "rtx4090"\nname = "my4090"\n[server]\ncache_type_k = "f16"\ncache_type_v = "f16"\n')
+    gpu = prepare(str(out), str(rec), need_runtime=False)
     v = mc.verdict(gpu.plan, small)
     assert not v.fits and v.missing == ["CUDA0"] and "not found here" in v.line()
     tight = mc.Machine(23 * 2**30, s.plan.pools[-1].total - 2**30, 2, [], "test")
@@ -366,8 +368,8 @@ def test_every_option_has_help_and_defaults_are_written_one_way():
 
 
 def test_run_show_command_help_names_what_it_prints():
-    res = CliRunner().invoke(cli, ["run", "--help"])
-    assert "llama-cli for text, llama-server for --image/--video" in " ".join(res.output.split())
+    show = next(p for p in cli.get_command(None, "run").params if p.name == "show_command")
+    assert "llama-cli for text, llama-server for --image/--video" in show.help
 
 
 def test_serve_gives_requests_without_max_tokens_a_sane_length(out):

@@ -112,7 +112,8 @@ def test_single_files(out, reference, upstream_draft, tmp_path):
     roles = _roles(out)
     assert _answer(roles["target"], tmp_path / "image.console", "--mmproj", str(roles["mmproj"]))[0] == \
         reference["image"]
-    text, timings = _answer(roles["target"], tmp_path / "draft.console", "--model-draft", str(upstream_draft), image=False)
+    text, timings = _answer(roles["target"], tmp_path / "draft.console", "--model-draft", str(upstream_draft),
+                            image=False)
     assert text == reference["draft"] and timings.get("draft_n", 0) > 0
     assert _copies_of(upstream_draft.stem)
 

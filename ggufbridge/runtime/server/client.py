@@ -25,10 +25,8 @@ def http_json(url: str, body: dict | None = None, api_key: str | None = None, ti
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, raw = r.status, r.read()
-    except urllib.error.HTTPError as e:
+    except urllib.error.HTTPError as e:  # an answer: its status and body (a URLError, no answer, stays an OSError)
         status, raw = e.code, e.read()
-    except urllib.error.URLError as e:
-        raise ServerError(f"{url}: cannot reach llama-server: {e.reason}") from None
     text = raw.decode(errors="replace")
     try:
         return status, json.loads(text)
