@@ -19,6 +19,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ggufbridge.native import quiet_native
 from ggufbridge.errors import GGUFBridgeError, RuntimeNotFound
 
 PROMPTS = [
@@ -118,7 +119,8 @@ def run_demo(work_dir: str | Path | None = None, echo=print, *, force: bool = Fa
     echo("4/6 generation through llama.cpp (F32 file, greedy, 16 tokens)")
     from llama_cpp import Llama
 
-    llm = Llama(str(parity_files["f32"]["target"]), n_ctx=256, verbose=False)
+    with quiet_native():
+        llm = Llama(str(parity_files["f32"]["target"]), n_ctx=256, verbose=False)
     try:
         text = llm.create_completion(PROMPTS[0], max_tokens=16, temperature=0.0, top_k=1)["choices"][0]["text"]
     finally:

@@ -81,9 +81,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # converters (arch) on both; the runner (runtime: it also fetches GGUF repos through checkpoint's hub client) and
 # the measurements (compare) on the format; quantisation above them (it plans memory with the runtime and measures
 # KL with compare); the commands (cli) on top.
-LEAVES = {"ggufbridge", "errors", "units", "files", "textfile", "signals", "untrusted", "outlock"}
+LEAVES = {"ggufbridge", "errors", "units", "files", "textfile", "signals", "untrusted", "outlock", "native"}
 LAYERS: dict[str, set[str]] = {
-    "ggufbridge": set(), "errors": set(), "units": set(), "files": set(), "signals": set(),
+    "ggufbridge": set(), "errors": set(), "units": set(), "files": set(), "signals": set(), "native": set(),
     "untrusted": {"errors"}, "outlock": {"errors"}, "textfile": {"errors", "untrusted"},
     "checkpoint": LEAVES,
     "ggufio": LEAVES | {"checkpoint"},

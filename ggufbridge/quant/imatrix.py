@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ggufbridge.native import quiet_native
 from ggufbridge.errors import ManifestError, QuantError
 from ggufbridge.ggufio.manifest import MANIFEST, read_manifest
 from ggufbridge.ggufio.writer import refuse_input_as_output
@@ -120,7 +121,8 @@ def count_tokens(model: Path, text: Path) -> int | None:
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(str(model), vocab_only=True, verbose=False)
+    with quiet_native():
+        llm = Llama(str(model), vocab_only=True, verbose=False)
     try:
         return len(llm.tokenize(text.read_bytes(), add_bos=True, special=False))
     finally:

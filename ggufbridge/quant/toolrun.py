@@ -46,7 +46,11 @@ def run_tool(argv: list[str], *, env: dict | None, progress: Progress, show: boo
     proc.stdin.close()
     chunks: list[str] = []
     pending = ""
-    bar = tqdm(desc=progress.desc, unit=progress.unit, disable=not show, leave=False)
+    bar = None  # made once the tool says how much there is to do
+
+    def bar_of(total: int) -> tqdm:
+        return tqdm(total=total, desc=progress.desc, unit=progress.unit, disable=not show)
+
     try:
         fd = proc.stdout.fileno()
         while True:
@@ -56,17 +60,16 @@ def run_tool(argv: list[str], *, env: dict | None, progress: Progress, show: boo
             text = raw.decode(errors="replace")
             chunks.append(text)
             pending += text
-            if progress.total is not None and bar.total is None:
+            if progress.total is not None and bar is None:
                 m = progress.total.search(pending)
                 if m:
-                    bar.total = int(m.group(1))
-                    bar.refresh()
+                    bar = bar_of(int(m.group(1)))
             done = None
             for m in progress.step.finditer(pending):
                 done = m
             if done is not None:
-                if done.lastindex and done.lastindex >= 2 and bar.total is None:
-                    bar.total = int(done.group(2))
+                if bar is None:
+                    bar = bar_of(int(done.group(2)) if done.lastindex and done.lastindex >= 2 else 0)
                 bar.update(int(done.group(1)) - bar.n)
                 pending = pending[done.end():]
             pending = pending[-_KEEP:]
@@ -76,7 +79,8 @@ def run_tool(argv: list[str], *, env: dict | None, progress: Progress, show: boo
         proc.wait()
         raise
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         proc.stdout.close()
     out = "".join(chunks)
     for line in out.splitlines():  # llama.cpp's own log: only with -v
