@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggufbridge.errors import PlanError
+from ggufbridge.units import human_size
 from ggufbridge.runtime.machine import (Machine, Verdict, budget_warnings, gib, read_machine, recipe_verdicts,
                                         verdict)
 
@@ -81,8 +82,9 @@ def quant_line(options: list[QuantOption], recipe: str) -> str:
                 f"recipe, a smaller --ctx or fewer --parallel slots")
     best = max(fit, key=lambda o: o.weight_bytes)
     about = "about " if best.kind == "quant" else ""
-    text = (f"here with recipe {recipe}: the largest that fits is {best.name} ({about}{gib(best.weight_bytes)} of "
-            f"weights, {gib(best.verdict.spare)} spare)")
+    size = human_size(best.weight_bytes)
+    text = (f"here with recipe {recipe}: the largest that fits is {best.name} ({about}{size} of weights, "
+            f"{gib(best.verdict.spare)} spare)")
     if quants:
         text += f"; types that fit: {', '.join(o.name for o in quants)}"
     if mixes:
