@@ -96,7 +96,8 @@ def complete_stream(url: str, ids: list[int] | str, n_predict: int, api_key: str
             if "error" in chunk:  # a failure after the stream began: the server's reason, as for a refused request
                 err = chunk["error"]
                 said = err.get("message") if isinstance(err, dict) else err
-                raise ServerError(f"{url}/completion: llama-server failed the stream: {' '.join(str(said)[:300].split())}")
+                said = " ".join(str(said)[:300].split())
+                raise ServerError(f"{url}/completion: llama-server failed the stream: {said}")
             if chunk.get("tokens") or chunk.get("content"):
                 if ttft is None:
                     ttft = time.perf_counter() - t0
