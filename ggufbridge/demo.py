@@ -34,6 +34,9 @@ DRAFT_PROMPT = "Hello"
 DRAFT_TOKENS = 48
 IMAGE_PROMPT = "What is in this picture?"
 IMAGE_TOKENS = 16
+# the oracle's cycle starts at a merged token of the small vocabulary (ids below 256 are single bytes, most of them
+# not whole UTF-8 characters): its answers read as words
+ORACLE_LO = 300
 
 
 @dataclass
@@ -132,7 +135,7 @@ def run_demo(work_dir: str | Path | None = None, echo=print, *, force: bool = Fa
     else:
         echo(f"5/6 a target and DSpark draft that agree (the oracle pair) → {oracle}, converted with its mmproj")
         shutil.rmtree(oracle, ignore_errors=True)
-        make_oracle_pair(oracle)
+        make_oracle_pair(oracle, lo=ORACLE_LO)
     model = work / "model"
     _converted(oracle / "target", model, reused, "model", outtype="f32", draft=oracle / "draft",
                draft_outtype="f16")
