@@ -2,7 +2,8 @@
 
     benchmarks/bench_startup.py OUT_DIR [--base-rev REV] [--reps 2] [--image IMG]
 
-OUT_DIR is a convert output (e.g. `ggufbridge demo --work-dir W` → W/gguf-f32). Each command runs under
+OUT_DIR is a convert output (e.g. `ggufbridge demo --dir W` → W/parity/f32, or W/model with its mmproj and
+draft). Each command runs under
 `/usr/bin/time -v` (wall, max RSS); with --base-rev the same commands also run on that git revision (exported to
 a temporary folder, imported ahead of the installed package), interleaved with this tree's, so that both see the
 same machine load. The anchor (Python start-up + `import ggufbridge.cli`) is measured in the same run.

@@ -67,7 +67,7 @@ mkdir -p "$B/test-models"  # the tool writes into it and does not make it
 # vocabulary (it decodes token ids in the thousands) and skips without one: the demo's synthetic MiniCPM-V 4.7
 [ -d "$B/demo" ] || "$(dirname "$0")/../.venv/bin/python" -m ggufbridge demo --work-dir "$B/demo" >"$B/demo.log" 2>&1 \
   || { echo "FAIL  ggufbridge demo (log: $B/demo.log)"; exit 1; }
-DEMO_GGUF=$(find "$B/demo" -name "*.gguf" ! -name "*mmproj*" ! -name "*draft*" | sort | head -1)
+DEMO_GGUF=$(find "$B/demo/parity/f32" -name "*.gguf" | sort | head -1)  # the random model (model/ is the oracle pair)
 [ -n "$DEMO_GGUF" ] || { echo "FAIL  no demo GGUF under $B/demo"; exit 1; }
 for t in "${TESTS[@]}"; do
   args=(); [ "$t" = test-recurrent-state-rollback ] && args=(--models "$B/test-models")

@@ -81,9 +81,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # converters (arch) on both; the runner (runtime: it also fetches GGUF repos through checkpoint's hub client) and
 # the measurements (compare) on the format; quantisation above them (it plans memory with the runtime and measures
 # KL with compare); the commands (cli) on top.
-LEAVES = {"ggufbridge", "errors", "units", "files", "textfile", "signals", "untrusted", "outlock"}
+LEAVES = {"ggufbridge", "errors", "units", "files", "textfile", "signals", "untrusted", "outlock", "native"}
 LAYERS: dict[str, set[str]] = {
-    "ggufbridge": set(), "errors": set(), "units": set(), "files": set(), "signals": set(),
+    "ggufbridge": set(), "errors": set(), "units": set(), "files": set(), "signals": set(), "native": set(),
     "untrusted": {"errors"}, "outlock": {"errors"}, "textfile": {"errors", "untrusted"},
     "checkpoint": LEAVES,
     "ggufio": LEAVES | {"checkpoint"},
@@ -98,7 +98,7 @@ LAYERS: dict[str, set[str]] = {
     "inspect": LEAVES | {"ggufio", "quant"},
     "convert": LEAVES | {"checkpoint", "ggufio", "arch", "quant"},
     "verify": LEAVES | {"checkpoint", "ggufio", "convert"},
-    "demo": LEAVES | {"compare", "convert", "testkit"},
+    "demo": LEAVES | {"compare", "convert", "testkit", "runtime", "ggufio"},  # it serves what it built
     "cli": LEAVES | {"checkpoint", "ggufio", "arch", "runtime", "compare", "quant", "inspect", "convert", "verify",
                      "demo", "vision"},
     "__main__": {"cli", "signals"},

@@ -66,7 +66,7 @@ def test_flipped_byte_is_caught_by_the_manifest(converted, tmp_path):
         f.seek(off + n // 2)
         f.write(bytes([b[0] ^ 0x01]))
     code, text = _verify(out)
-    assert code == 1
+    assert code == 3
     bad = [ln for ln in text.splitlines() if ln.strip().startswith("BAD")]
     assert len(bad) == 1 and target.name in bad[0] and "sha256" in bad[0]
     assert text.rstrip().endswith("FAILED")
@@ -91,7 +91,7 @@ def test_changed_passthrough_tensor_is_caught_by_the_source(converted, tmp_path)
     code, text = _verify(out)
     assert code == 0, text  # the manifest alone cannot tell
     code, text = _verify(out, "--source", str(ckpt))
-    assert code == 1
+    assert code == 3
     differs = [ln for ln in text.splitlines() if "DIFFERS" in ln]
     assert len(differs) == 1 and name in differs[0]
 
@@ -113,7 +113,7 @@ def test_changed_f32_tensor_is_caught(converted, tmp_path):
     (out / "manifest.json").write_text(json.dumps(man))
     code, text = _verify(out, "--source", str(ckpt), "--json")
     rep = json.loads(text)
-    assert code == 1 and not rep["ok"]
+    assert code == 3 and not rep["ok"]
     assert [m for m in rep["mismatches"] if "output_norm.weight" in m]
 
 
@@ -122,7 +122,7 @@ def test_missing_file_and_missing_manifest(converted, tmp_path):
     out = _copy(out, tmp_path)
     _target(out).unlink()
     code, text = _verify(out)
-    assert code == 1 and "missing" in text
+    assert code == 3 and "missing" in text
     (out / "manifest.json").unlink()
     code, text = _verify(out)
     assert code == 2 and "no manifest.json" in text

@@ -147,7 +147,7 @@ def _pick(groups: dict[str, list[str]], quant: str | None, spec: GGUFSpec, what:
     if not groups:
         if required:
             raise HubError(f"{spec}: --draft: the repository has no draft file (a name with "
-                           f"{', '.join(ROLE_WORDS['draft'])}); pass --draft FILE")
+                           f"{', '.join(ROLE_WORDS['draft'])}); pass --model-draft FILE")
         return None
     if len(groups) == 1:
         return _complete(next(iter(groups.values())), spec)

@@ -70,36 +70,56 @@ recipe = _option("--recipe", "recipe_name", default="cpu", show_default=True, me
                  help=f"Hardware recipe: a packaged one ({_names('recipes')}) or a path to a recipe .toml "
                       "(decides -ngl, KV types, draft settings).")
 draft = _option("--draft", is_flag=True, help="Speculative decoding with the folder's DSpark draft.")
-_DRAFT_OF_MODEL = "\0model"  # `--draft` without a file: the draft that comes with MODEL
+DRAFT_IS_A_FLAG = ("--draft is a flag now and the draft file its own option: --model-draft FILE (or -md FILE, as "
+                   "llama.cpp spells it), e.g. `ggufbridge serve MODEL.gguf --model-draft dspark.gguf`")
 
 
-def model(draft_help: str = "Speculative decoding with the DSpark draft: MODEL's, or FILE."):
-    """MODEL, `--mmproj FILE` and `--draft [FILE]` (serve, run, plan, bench): the command gets `model` as a
-    runtime.artifacts.ModelSpec and `draft` as a bool (drafting on). MODEL is an OUT_DIR of `convert`, a folder of
-    GGUF files, a .gguf file or `hf://ORG/REPO[@REV][:QUANT]` (docs/gguf-files.md). `--draft` takes the next word
-    as its FILE unless it starts with `-`: write it after MODEL."""
+class ModelCommand(click.Command):
+    """The command of serve, run, plan and bench: the old spelling `--draft FILE` (a file after the flag) is
+    refused with a line that names the new one, instead of click's bare "unexpected extra argument"."""
+
+    def parse_args(self, ctx, args):
+        given = list(args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            if "--draft" in given and "unexpected extra argument" in str(e.message):
+                raise click.UsageError(DRAFT_IS_A_FLAG, ctx) from None
+            raise
+
+
+def model(draft_help: str = "Speculative decoding with the DSpark draft: MODEL's, or the --model-draft FILE."):
+    """MODEL, `--mmproj FILE`, `--draft` and `-md/--model-draft FILE` (serve, run, plan, bench; the command is a
+    ModelCommand): the command gets `model` as a runtime.artifacts.ModelSpec and `draft` as a bool (drafting on).
+    MODEL is an OUT_DIR of `convert`, a folder of GGUF files, a .gguf file or `hf://ORG/REPO[@REV][:QUANT]`
+    (docs/gguf-files.md). `--draft` is a flag, so it never takes MODEL for a draft file; naming a draft file with
+    --model-draft turns drafting on, as llama.cpp's -md does."""
 
     def decorator(f):
         @functools.wraps(f)
-        def wrapper(*args, model, mmproj=None, draft=None, **kwargs):
+        def wrapper(*args, model, mmproj=None, draft=False, model_draft=None, **kwargs):
             from ggufbridge.runtime.artifacts import ModelSpec
 
-            spec = ModelSpec(model, mmproj, None if draft in (None, _DRAFT_OF_MODEL) else draft)
-            return f(*args, model=spec, draft=draft is not None, **kwargs)
+            spec = ModelSpec(model, mmproj, model_draft)
+            return f(*args, model=spec, draft=bool(draft or model_draft), **kwargs)
 
-        wrapper = click.option("--draft", "draft", is_flag=False, flag_value=_DRAFT_OF_MODEL, default=None,
-                               metavar="[FILE]", help=draft_help + " FILE: a dflash GGUF, ours or upstream "
-                               "llama.cpp's (checked against the model).")(wrapper)
+        wrapper = click.option("-md", "--model-draft", "model_draft", default=None, metavar="FILE",
+                               help="The DSpark draft GGUF (a dflash file, ours or upstream llama.cpp's, checked "
+                                    "against the model) instead of MODEL's own; turns --draft on.")(wrapper)
+        wrapper = click.option("--draft", "draft", is_flag=True, default=False, help=draft_help)(wrapper)
         wrapper = click.option("--mmproj", "mmproj", default=None, metavar="FILE",
-                               help="The projector GGUF for images and video (instead of MODEL's own).")(wrapper)
+                               help="The projector GGUF for images and video (instead of MODEL's own or the one "
+                                    "beside MODEL.gguf).")(wrapper)
         return click.argument("model", metavar="MODEL")(wrapper)
 
     return decorator
+
+
 ctx = _option("--ctx", type=click.IntRange(256, INT32_MAX), default=None, show_default=True,
-              help="Context size (default: the plan's).")
+              help="Context size [default: the plan's].")
 parallel = _option("--parallel", type=click.IntRange(1, 256), default=None,
                    help="Slots: requests served at once, each with the plan's context and its own recurrent state "
-                        "(default: the recipe's server.parallel). Refused, naming what fits, when memory does not "
+                        "[default: the recipe's server.parallel]. Refused, naming what fits, when memory does not "
                         "allow it.")
 threads = _option("--threads", type=click.IntRange(1, MAX_THREADS), default=None, help="CPU threads for llama-server.")
 llama_bin = _option("--llama-bin", type=click.Path(file_okay=False), envvar="LLAMA_CPP_BIN",
@@ -114,12 +134,12 @@ def think(f):
     """--think/--no-think and --reasoning-budget (serve, run); both default to the recipe's [server] think /
     reasoning_budget."""
     f = click.option("--reasoning-budget", type=click.IntRange(-1, INT32_MAX), default=None,
-                     help="Most tokens to think before the end of thinking is forced (-1: no limit; default: the "
-                          "recipe's server.reasoning_budget).")(f)
+                     help="Most tokens to think before the end of thinking is forced (-1: no limit) [default: the "
+                          "recipe's server.reasoning_budget].")(f)
     f = click.option("--think/--no-think", default=None,
-                     help="Let the model think first (thoughts come back in message.reasoning_content). Default: "
-                          "the recipe's server.think, off in the packaged recipes, as upstream's recommended "
-                          "serving; a request's chat_template_kwargs {\"enable_thinking\": ...} still decides.")(f)
+                     help="Let the model think first (thoughts come back in message.reasoning_content); a "
+                          "request's chat_template_kwargs {\"enable_thinking\": ...} still decides. [default: the "
+                          "recipe's server.think, off in the packaged recipes, as upstream's recommended serving]")(f)
     return f
 
 
@@ -159,7 +179,7 @@ quant_type = _option("--quant", default=None, metavar="TYPE",
 imatrix = _option("--imatrix", type=click.Path(dir_okay=False), default=None,
                   help="Importance matrix from `ggufbridge imatrix` (needed by IQ1/IQ2/IQ3_XXS types).")
 quant_threads = _option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
-                        help="CPU threads (default: up to 8).")
+                        help="CPU threads [default: up to 8].")
 
 MIX_DEPRECATED = ("warning: --recipe for a quantisation mix is deprecated, use --mix (--recipe names a hardware "
                   "recipe in serve, run, plan and bench)")

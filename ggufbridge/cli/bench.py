@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 import click
+from tqdm import tqdm
 
 from ggufbridge.cli import _options as opt
 
 
-@click.command()
-@opt.model("Also run with the DSpark draft (MODEL's, or FILE) and compare; says whether drafting pays on this "
-           "machine and with which n_max.")
+@click.command(cls=opt.ModelCommand)
+@opt.model("Also run with the DSpark draft (MODEL's, or --model-draft FILE) and compare; says whether drafting "
+           "pays on this machine and with which n_max.")
 @click.option("--prompt-lengths", "--depths", "prompt_lengths", default=None,
               help="Comma-separated prompt lengths (context depths) in tokens (k = 1024), e.g. 1k,32k,128k,250k: "
                    "decode and prefill speed at each depth, target-only and with --draft [default: 1k,2k,4k,8k; "
@@ -23,7 +24,7 @@ from ggufbridge.cli import _options as opt
                    "API of one server with max(N) slots; aggregate and per-stream decode tok/s, time to first "
                    "token p50/p95 (with --draft: drafted too), plotted against N. E.g. 1,2,4,8,16.")
 @click.option("--draft-n-max", default=None, metavar="N[,N...]",
-              help="Draft lengths to compare with --draft (default: the recipe's draft.n_max), e.g. 2,4,6,8.")
+              help="Draft lengths to compare with --draft [default: the recipe's draft.n_max], e.g. 2,4,6,8.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Your own prompts (JSONL: one JSON string or {\"prompt\": ...} per line) instead of "
                    "synthetic ones of --prompt-lengths.")
@@ -35,7 +36,7 @@ from ggufbridge.cli import _options as opt
 @opt.threads()
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default=None,
               help="Where to write bench.json / .md / .png, or concurrency.json / .md / .png with --concurrency "
-                   "(default: MODEL's folder/bench; ./bench for a hub spec).")
+                   "[default: MODEL's folder/bench; ./bench for a hub spec].")
 @opt.llama_bin()
 @opt.timeout("Seconds to wait for each server's /health.")
 def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file, recipe_name, n_predict, repeats,
@@ -64,13 +65,24 @@ def command(model, prompt_lengths, concurrency, draft, draft_n_max, prompts_file
     dest = Path(out) if out else bn.default_dir(model)
     common = dict(draft=draft, recipe=recipe_name, n_predict=n_predict, threads=threads, log_dir=dest,
                   llama_bin=llama_bin, timeout=timeout,
-                  on_command=lambda mode, cmd: click.echo(f"[{mode}] {cmd}", err=True))
+                  on_command=lambda mode, cmd: tqdm.write(f"[{mode}] {cmd}", file=sys.stderr))
     if concurrency is None:
-        lib, result = bn, bn.bench(model, prompt_lengths=lengths, draft_n_max=sweep, prompts=prompts, repeats=repeats,
-                                   **common)
+        bars = []  # made at the first request: a run refused before any server starts shows no bar
+
+        def moved(done, total):
+            if not bars:
+                bars.append(tqdm(total=total, desc="bench requests", unit="request", file=sys.stderr))
+            bars[0].update(done - bars[0].n)
+
+        try:
+            lib, result = bn, bn.bench(model, prompt_lengths=lengths, draft_n_max=sweep, prompts=prompts,
+                                       repeats=repeats, on_progress=moved, **common)
+        finally:
+            for bar in bars:
+                bar.close()
     else:
-        with click.progressbar(length=len(levels) * (2 if draft else 1), label="concurrency levels",
-                               file=sys.stderr) as bar:
+        with tqdm(total=len(levels) * (2 if draft else 1), desc="concurrency levels", unit="level",
+                  file=sys.stderr) as bar:
             lib, result = cc, cc.bench_concurrency(model, levels=levels, prompt_tokens=lengths[0], repeats=repeats,
                                                    on_level=lambda mode, level: bar.update(1), **common)
     paths = lib.write_outputs(result, dest)

@@ -18,11 +18,11 @@ def eval_options(fn):
         click.option("--ctx", type=click.IntRange(2, INT32_MAX), default=1024, show_default=True,
                      help="Tokens per row (rows longer than this are refused)."),
         click.option("--chunk", type=click.IntRange(1, INT32_MAX), default=None,
-                     help="Positions per logits chunk (default: ~16M logits per chunk)."),
+                     help="Positions per logits chunk [default: ~16M logits per chunk]."),
         click.option("--hf-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
                      help="dtype of an hf: model."),
         click.option("--floor/--no-floor", default=None,
-                     help="Measure the transformers BF16-vs-FP32 floor (default: when the model is hf:)."),
+                     help="Measure the transformers BF16-vs-FP32 floor [default: when the model is hf:]."),
         click.option("--progress/--no-progress", default=True, help="Show a progress bar (tokens)."),
     ]):
         fn = opt(fn)

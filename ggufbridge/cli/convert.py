@@ -24,8 +24,8 @@ TYPES = click.Choice(sorted(OUTTYPES))
 @click.option("--mmproj/--no-mmproj", default=True, show_default=True, help="Also write the vision projector GGUF.")
 @click.option("--mmproj-outtype", type=TYPES, default="f16", show_default=True, help="Type of the mmproj weights.")
 @click.option("--downsample", type=click.Choice(["4x", "16x"]), default=None,
-              help="Visual token compression of the mmproj (default: the checkpoint's).")
-@click.option("--name", "basename", default=None, help="Base name of the output files (default: MiniCPM-V-4_7).")
+              help="Visual token compression of the mmproj [default: the checkpoint's].")
+@click.option("--name", "basename", default=None, help="Base name of the output files [default: MiniCPM-V-4_7].")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar (bytes).")
 @opt.quant_type("Quantise the target with llama-quantize (Q4_K_M, ...), starting from --outtype (bf16/f16/f32).")
 @opt.mix()
@@ -33,9 +33,9 @@ TYPES = click.Choice(sorted(OUTTYPES))
 @opt.fit_bytes(help="Quantise the target to the KL-guided mix whose file + KV cache for --fit-ctx fits this many "
                     "bytes (see `quantize --fit-bytes`).")
 @click.option("--fit-ctx", type=click.IntRange(0, opt.INT32_MAX), default=None,
-              help="Context to leave room for with --fit-bytes [8192; 0: file].")
+              help="Context to leave room for with --fit-bytes (0: the file alone) [default: 8192].")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
-              help="--fit-bytes: calibration text or .jsonl rows [packaged sample].")
+              help="--fit-bytes: calibration text or .jsonl rows [default: a packaged sample].")
 @click.option("--force", is_flag=True, help="OUT_DIR may hold a conversion already: replace it as a whole once "
               "the new one is complete (its files that the new manifest does not list are deleted).")
 @click.option("--allow-nonfinite", is_flag=True, help="Write weights holding NaN/Inf as they are (with a warning) "

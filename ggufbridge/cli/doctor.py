@@ -12,7 +12,7 @@ from ggufbridge.cli import _options as opt
 @click.command()
 @opt.llama_bin()
 @click.option("--python", "python", default=None, metavar="PY",
-              help="Interpreter whose llama_cpp bindings to inspect (default: this one).")
+              help="Interpreter whose llama_cpp bindings to inspect [default: this one].")
 def command(llama_bin: str | None, python: str | None) -> None:
     """Show the runtime (path, commit, backends), check its capabilities, and say how to fix what is missing.
 

@@ -13,7 +13,7 @@ from ggufbridge.cli._common import writes_files
 @click.option("--text", "text", required=True, type=click.Path(dir_okay=False),
               help="Calibration text (UTF-8), ideally like what the model will see.")
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
-              help="Where to write the matrix [OUT_DIR/imatrix.gguf].")
+              help="Where to write the matrix [default: OUT_DIR/imatrix.gguf].")
 @click.option("--ctx", type=click.IntRange(max=opt.INT32_MAX), default=512, show_default=True, help="Tokens per chunk.")
 @click.option("--chunks", type=click.IntRange(max=opt.INT32_MAX), default=None,
               help="At most this many chunks of the text.")
@@ -28,7 +28,8 @@ def command(out_dir, text, out, ctx, chunks, threads, fill_missing):
 
     from ggufbridge.quant.coverage import format_coverage
 
-    res = compute_imatrix(out_dir, text, out, ctx=ctx, chunks=chunks, threads=threads, fill_missing=fill_missing)
+    res = compute_imatrix(out_dir, text, out, ctx=ctx, chunks=chunks, threads=threads, fill_missing=fill_missing,
+                          progress=True)
     click.echo(f"wrote {res.path} ({res.chunks if res.chunks is not None else '?'} chunks of {ctx} tokens "
                f"through {res.model.name})")
     click.echo(format_coverage(res.coverage))

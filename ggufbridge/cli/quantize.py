@@ -20,17 +20,17 @@ from ggufbridge.cli._common import writes_files
 @click.option("--fit", "fit_hw", default=None, metavar="HARDWARE",
               help="KL-guided mix that fits a hardware recipe (e.g. rtx4090) fully on its GPU at --ctx.")
 @click.option("--ctx", type=click.IntRange(0, opt.INT32_MAX), default=None,
-              help="Context to leave room for with --fit/--fit-bytes [8192].")
+              help="Context to leave room for with --fit/--fit-bytes [default: 8192].")
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None,
-              help="--fit*: calibration text (or eval .jsonl) for the sensitivity pass [packaged sample].")
+              help="--fit*: calibration text (or eval .jsonl) for the sensitivity pass [default: a packaged sample].")
 @click.option("--reference", default=None, metavar="hf:DIR|logits:FILE|gguf:FILE",
-              help="--fit*: reference logits for the sensitivity pass [the source GGUF].")
+              help="--fit*: reference logits for the sensitivity pass [default: the source GGUF].")
 @click.option("--mix-out", type=click.Path(dir_okay=False), default=None,
-              help="--fit*: where to write the chosen mix as a recipe TOML [OUT with .mix.toml].")
+              help="--fit*: where to write the chosen mix as a recipe TOML [default: OUT with .mix.toml].")
 @click.option("--work", type=click.Path(file_okay=False), default=None,
-              help="--fit*: sensitivity cache folder [~/.cache/ggufbridge/sensitivity].")
+              help="--fit*: sensitivity cache folder [default: ~/.cache/ggufbridge/sensitivity].")
 @opt.imatrix()
-@opt.quant_threads("Quantiser threads (default: up to 8).")
+@opt.quant_threads("Quantiser threads [default: up to 8].")
 @click.option("--allow-requantize", is_flag=True, help="Allow a source that is already quantised (loses quality).")
 @opt.as_json()
 @writes_files

@@ -8,6 +8,9 @@ import click
 
 from ggufbridge.cli import _options as opt
 
+# "verified, and something differs": neither a usage error (2) nor a bug (1), so scripts can tell the three apart
+DIFFERS = 3
+
 
 @click.command("verify")
 @click.argument("out_dir", type=click.Path(file_okay=False))
@@ -17,7 +20,8 @@ from ggufbridge.cli import _options as opt
 @click.pass_context
 def command(ctx, out_dir, source, draft, as_json):
     """Check every file of OUT_DIR against manifest.json (size, sha256) and, with --source, every tensor stored
-    unquantised against what the source converts to, byte for byte. Exit 1 when anything differs."""
+    unquantised against what the source converts to, byte for byte. Exit 0 when all matches, 3 when anything
+    differs, 2 when it cannot be checked (no manifest, a bad option)."""
     from dataclasses import asdict
 
     from ggufbridge.verify import verify
@@ -31,4 +35,4 @@ def command(ctx, out_dir, source, draft, as_json):
     else:
         click.echo(rep.format())
     if not rep.ok:
-        ctx.exit(1)
+        ctx.exit(DIFFERS)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ggufbridge.native import quiet_native
 from ggufbridge.checkpoint import hub
 from ggufbridge.checkpoint.hub import HubSpec
 from ggufbridge.compare.evalset import Row
@@ -164,8 +165,9 @@ class GGUFSource(Source):
         self.path = path
         self.chunk = chunk
         try:
-            self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
-                                       verbose=False)
+            with quiet_native():
+                self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
+                                           verbose=False)
         except ValueError as e:  # llama-cpp-python's only word for a model llama.cpp refused
             raise GGUFFileError(f"{path}: llama.cpp cannot load it ({e})") from None
         self.vocab_size = int(self.llm.n_vocab())

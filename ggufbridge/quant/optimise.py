@@ -251,7 +251,7 @@ def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None
         tmp = mix_out.with_name(f".{mix_out.name}.part")
         tmp.write_text(mix_toml(plan.mix))
         os.replace(tmp, mix_out)
-    res = quantize_file(src, dst, mix=plan.mix, imatrix=sens.imatrix, threads=threads)
+    res = quantize_file(src, dst, mix=plan.mix, imatrix=sens.imatrix, threads=threads, progress=progress)
     size = Path(dst).stat().st_size
     if size != plan.file_bytes or size > plan.budget:
         raise QuantError(f"internal: {dst} is {size:,} bytes, the plan said {plan.file_bytes:,} "

@@ -80,7 +80,8 @@ def write_quantized(plan, final: Path, outtype: str, *, quant: str | None = None
             res = fit_quantize(hp.path, dst, imatrix=imatrix, threads=threads,
                                mix_out=final.with_name(final.stem + ".mix.toml"), **fit)[0]
         else:
-            res = quantize_file(hp.path, dst, quant=quant, mix=mix, imatrix=imatrix, threads=threads)
+            res = quantize_file(hp.path, dst, quant=quant, mix=mix, imatrix=imatrix, threads=threads,
+                                    progress=progress is not None)
     except BaseException:
         dst.unlink(missing_ok=True)
         raise
@@ -115,7 +116,7 @@ def quantize_gguf(src, dst, *, quant: str | None = None, mix: str | None = None,
             if v is not None:
                 raise QuantError(f"{name} only applies with --fit or --fit-bytes")
         return quantize_to(src, dst, quant=quant, mix=mix, imatrix=imatrix, threads=threads,
-                           allow_requantize=allow_requantize), None
+                           allow_requantize=allow_requantize, progress=progress), None
     from ggufbridge.quant.optimise import fit_quantize
 
     mix_out = Path(mix_out) if mix_out else Path(dst).with_suffix(".mix.toml")
@@ -124,6 +125,13 @@ def quantize_gguf(src, dst, *, quant: str | None = None, mix: str | None = None,
                                        calibration=calibration, reference=reference, imatrix=imatrix,
                                        work=work, mix_out=mix_out, threads=threads, progress=progress)
     res.path, res.report.path = Path(dst), str(dst)
-    return res, (f"mix {plan.mix.name}: {plan.file_bytes:,} bytes of {plan.budget:,} for the file, predicted KL "
+    if fit is not None:  # plan.budget is where the search stopped, not a budget anyone set: say what was fitted
+        from ggufbridge.quant.optimise import DEFAULT_CTX
+
+        room = (f"the largest mix that fits recipe {fit}'s GPU memory with one slot of "
+                f"{DEFAULT_CTX if ctx is None else ctx} tokens")
+    else:
+        room = f"of {plan.budget:,} for the file"
+    return res, (f"mix {plan.mix.name}: {plan.file_bytes:,} bytes, {room}; predicted KL "
                  f"{plan.predicted_kl:.4f} (sensitivity over {sens.n_tokens} tokens vs {sens.reference}); recipe "
                  f"written to {mix_out}")

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,11 +23,13 @@ from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.ggufio.writer import refuse_input_as_output, remove_stale_parts, tmp_name
 from ggufbridge.outlock import exclusive, sharing
+from ggufbridge.quant import toolrun
 from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import BY_NAME, classify
 from ggufbridge.quant.mix import Mix, load_mix
 from ggufbridge.ggufio.names import QUANT_FALLBACKS, QUANT_MIX, QUANT_TYPE
 from ggufbridge.quant.report import QuantReport, quant_report
+from ggufbridge.quant.toolrun import run_tool
 from ggufbridge.units import human_size
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,10 @@ def _default_threads() -> int:
 
 
 def quantize_file(src, dst, quant: str | None = None, mix: str | Mix | None = None, imatrix=None, *,
-                  runtime=None, allow_requantize: bool = False, threads: int | None = None) -> QuantResult:
-    """Quantise GGUF `src` into `dst` (written directly: the caller picks temporary names and renames).
+                  runtime=None, allow_requantize: bool = False, threads: int | None = None,
+                  progress: bool = False) -> QuantResult:
+    """Quantise GGUF `src` into `dst` (written directly: the caller picks temporary names and renames); `progress`:
+    a bar per tensor quantised, read from llama-quantize's own output (quant.toolrun).
 
     Exactly one of `quant` (a llama-quantize type, e.g. "Q4_K_M") or `mix` (a packaged name, a TOML path or a
     Mix). `imatrix`: an importance matrix from `compute_imatrix` (required by the very-low-bit types).
@@ -166,14 +169,12 @@ def quantize_file(src, dst, quant: str | None = None, mix: str | Mix | None = No
         argv += [str(src), str(dst), ftype, str(threads or _default_threads())]
         log.info("quantising %s → %s (%s)", src.name, dst.name, label)
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=runtime.env(),
-                               input="")  # a pipe, not /dev/null: the tools log nothing with stdin on /dev/null
+            code, out = run_tool(argv, env=runtime.env(), progress=toolrun.QUANTIZE, show=progress)
         except OSError as e:
             raise QuantError(f"cannot run {exe}: {e}") from None
-    out = (p.stdout or "") + (p.stderr or "")
-    if p.returncode != 0:
+    if code != 0:
         dst.unlink(missing_ok=True)
-        raise QuantError(f"llama-quantize failed ({label}, exit {p.returncode}): {_error_line(out)}"
+        raise QuantError(f"llama-quantize failed ({label}, exit {code}): {_error_line(out)}"
                          f"{_space_note(src, dst)}")
     if rec is None:
         fallbacks = [f"{m.group(1)}: rows of {m.group(2)} are not whole {m.group(4).upper()} blocks "

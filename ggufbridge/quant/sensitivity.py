@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ggufbridge.native import quiet_native
 from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.quant import types as qt
@@ -143,7 +144,8 @@ def _file_id(path: Path) -> str:
 def _tokenizer(src: Path):
     from llama_cpp import Llama
 
-    llm = Llama(str(src), vocab_only=True, verbose=False)
+    with quiet_native():
+        llm = Llama(str(src), vocab_only=True, verbose=False)
     return llm, (lambda text: list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)))
 
 

@@ -6,7 +6,7 @@ Four ways in, one result (`Artifacts`):
   must exist with its recorded size (checked on every load; hashes only on request, hashing 70 GB takes minutes).
 - **a folder of GGUFs without a manifest** (files as people download them): each file's role comes from its own
   metadata (`ROLE_OF_ARCH`); two candidates for one role is an error naming both.
-- **MODEL.gguf [--mmproj FILE] [--draft FILE]**: the files given, each checked to be what its slot expects.
+- **MODEL.gguf [--mmproj FILE] [--model-draft FILE]**: the files given, each checked to be what its slot expects.
 - **a hub spec** `hf://ORG/REPO[@REV][:QUANT]`: `checkpoint.hub_gguf.fetch_gguf` picks that quant's file(s) and the
   projector beside it (and the draft, when asked), downloads them resumably and sha256-checked, then as files.
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # MiniCPM-V 4.7's vision tower: ours (`minicpmv4_6`, the pinned runtime's name for the same graph) and upstream
 # llama.cpp's converter's (`minicpmv4_7`, after our pin; docs/vision.md, "Which llama.cpp runs which file").
 PROJECTORS = ("minicpmv4_6", "minicpmv4_7")
-SLOT_OPTION = {"target": "MODEL", "mmproj": "--mmproj", "draft": "--draft"}
+SLOT_OPTION = {"target": "MODEL", "mmproj": "--mmproj", "draft": "--model-draft"}
 # gguf-split's naming (llama.cpp's llama_split_path: "%s-%05d-of-%05d.gguf")
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
@@ -102,7 +102,7 @@ def home_of(spec: "str | Path | ModelSpec") -> Path | None:
 @dataclass(frozen=True)
 class ModelSpec:
     """What the user named: MODEL (an OUT_DIR, a folder of GGUFs, a .gguf file or a hub spec) and, optionally,
-    the projector and draft files that go with it (`--mmproj FILE`, `--draft FILE`)."""
+    the projector and draft files that go with it (`--mmproj FILE`, `--model-draft FILE`)."""
 
     model: str
     mmproj: str | None = None
@@ -224,7 +224,7 @@ def load_artifacts(spec: "str | Path | ModelSpec", verify_hashes: bool = False, 
             if spec.mmproj:
                 files["mmproj"] = _expect(probe(Path(spec.mmproj)), "mmproj", "--mmproj")
             if spec.draft:
-                files["draft"] = _expect(probe(Path(spec.draft)), "draft", "--draft")
+                files["draft"] = _expect(probe(Path(spec.draft)), "draft", "--model-draft")
             art = Artifacts(art.out_dir, files, art.source, art.notes)
         return art
     if not path.exists():
@@ -303,8 +303,49 @@ def _from_files(spec: ModelSpec, *, source: str, notes: tuple[str, ...] = ()) ->
     if spec.mmproj:
         files["mmproj"] = _expect(probe(Path(spec.mmproj)), "mmproj", "--mmproj")
     if spec.draft:
-        files["draft"] = _expect(probe(Path(spec.draft)), "draft", "--draft")
+        files["draft"] = _expect(probe(Path(spec.draft)), "draft", "--model-draft")
+    notes = list(notes)
+    if source == "files":  # MODEL.gguf: what lies beside it counts as it would in its folder
+        named = [f"{r}: {files[r].path}" for r in ("mmproj", "draft") if r in files]
+        beside, said = _beside(target, [r for r in ("mmproj", "draft") if r not in files])
+        files.update(beside)
+        notes += said
+        for line in [f"model: {target}", *named, *said]:  # which files run, said without -v
+            log.info("%s", line)
     return Artifacts(target.parent, files, source, tuple(notes))
+
+
+def _beside(target: Path, roles: list[str]) -> tuple[dict, list[str]]:
+    """The projector and the draft beside MODEL.gguf, as its folder would give them (`_from_folder`): the one file
+    of each role in `roles`. Two candidates pick neither (the line says which to name); a file that cannot be read
+    is passed over, as it is not the one the user named. Returns (role -> Artifact, lines for the user)."""
+    found: dict[str, list[Probe]] = {r: [] for r in roles}
+    for p in sorted(target.parent.iterdir()) if roles else ():
+        if p.suffix.lower() != ".gguf" or not p.is_file() or p.resolve() == target.resolve():
+            continue
+        try:
+            pr = probe(p)
+        except GGUFFileError as e:
+            log.debug("%s: passed over (%s)", p, e)
+            continue
+        if pr.role in found:
+            found[pr.role].append(pr)
+    files, said = {}, []
+    for role in roles:
+        cands = found[role]
+        if len(cands) == 1:
+            try:
+                files[role] = _artifact(cands[0], role)
+            except GGUFFileError as e:
+                said.append(f"{role}: {cands[0].path.name} beside the model passed over ({e})")
+            else:
+                said.append(f"{role}: {cands[0].path.name} (beside the model)")
+        elif cands:
+            said.append(f"{role}: none used, {len(cands)} candidates beside the model "
+                        f"({', '.join(c.path.name for c in cands)}); name one with {SLOT_OPTION[role]} FILE")
+    if "mmproj" in roles and "mmproj" not in files:
+        said.append(f"text-only: no projector (mmproj) beside {target.name}; images and video need --mmproj FILE")
+    return files, said
 
 
 __all__ = ["ROLES", "Artifact", "Artifacts", "ModelSpec", "load_artifacts", "probe", "projector_type"]

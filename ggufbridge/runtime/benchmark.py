@@ -106,9 +106,10 @@ def prompt_ids(url: str, n: int, api_key: str | None = None) -> list[int]:
 
 
 def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: dict, lengths: list[int],
-             n_predict: int, repeats: int, timeout: float, prompts: list[str] | None = None
-             ) -> tuple[list[Sample], dict]:
-    """Synthetic prompts of each length, or the user's `prompts` (then `lengths` is ignored)."""
+             n_predict: int, repeats: int, timeout: float, prompts: list[str] | None = None,
+             on_sample: Callable[[], None] | None = None) -> tuple[list[Sample], dict]:
+    """Synthetic prompts of each length, or the user's `prompts` (then `lengths` is ignored); `on_sample()` is
+    called after each request."""
     samples = []
     with sv.Server(argv, host, port, log, env=env) as srv:
         srv.wait_ready(timeout)
@@ -123,6 +124,8 @@ def run_mode(mode: str, argv: list[str], host: str, port: int, log: Path, env: d
                     mode=mode, prompt_tokens=t.get("prompt_n", len(prompt)), prefill_tok_s=t["prompt_per_second"],
                     decode_tok_s=t["predicted_per_second"], ttft_s=ttft, predicted=t["predicted_n"],
                     draft_n=t.get("draft_n"), draft_accepted=t.get("draft_n_accepted"), text=text, prompt=index))
+                if on_sample is not None:
+                    on_sample()
         after = sv.metrics(url)
     counters = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in
                 ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
@@ -137,6 +140,18 @@ def context_for(lengths: list[int], prompts: list[str] | None, n_predict: int) -
     return -(-(longest + n_predict + 16) // 256) * 256
 
 
+def check_context(s, ctx: int, longest: int, n_predict: int, what: str = "--prompt-lengths") -> None:
+    """Refuse, before any server starts, lengths that the server would refuse request by request: llama-server
+    caps every slot's context at the model's trained context (tools/server/server-context.cpp:4008-4015,
+    n_ctx_slot), whatever -c says, and answers a longer request with HTTP 400."""
+    limit = s.target.n_ctx_train
+    if limit and ctx > limit:
+        raise GGUFBridgeError(
+            f"{what}: the longest request ({longest} prompt + {n_predict} generated tokens) needs a context of {ctx} "
+            f"tokens; {s.art.target.path.name} was trained for {limit} and llama-server caps each slot there: use "
+            f"lengths up to {max(limit - (ctx - longest), 0)} tokens")
+
+
 def default_dir(model) -> Path:
     """Where bench writes by default: MODEL's folder/bench; ./bench for a hub spec."""
     return (home_of(model) or Path.cwd()) / "bench"
@@ -146,12 +161,14 @@ def bench(model: "str | Path | ModelSpec", *, prompt_lengths: list[int] = (1024,
           draft_n_max: list[int] = (), prompts: list[str] | None = None, recipe: str = "cpu", n_predict: int = 128,
           repeats: int = 1, threads: int | None = None, log_dir: str | Path | None = None,
           llama_bin: str | None = None, timeout: float = 900.0,
-          on_command: Callable[[str, str], None] | None = None) -> dict:
+          on_command: Callable[[str, str], None] | None = None,
+          on_progress: Callable[[int, int], None] | None = None) -> dict:
     """Target-only decoding, and with `draft` the DSpark draft at the recipe's n_max and each of `draft_n_max`,
     each mode on its own llama-server: per prompt length (or per prompt of `prompts`), prefill and decode tok/s,
     time to first token, acceptance, and whether the greedy texts match. Returns the result that
     `write_outputs` writes (bench.json); server logs go to `log_dir` (default `default_dir(model)`). `on_command(mode,
-    command)` hears each server's command line before it starts."""
+    command)` hears each server's command line before it starts, `on_progress(done, total)` each request measured
+    (total: modes x prompts x repeats)."""
     lengths = sorted(prompt_lengths)
     sweep = sorted(set(draft_n_max))
     if sweep and not draft:
@@ -159,6 +176,8 @@ def bench(model: "str | Path | ModelSpec", *, prompt_lengths: list[int] = (1024,
     ctx = context_for(lengths, prompts, n_predict)
     # one request at a time: one slot
     s = prepare(model, recipe, draft=draft, ctx=ctx, llama_bin=llama_bin, rpc_workers=0, parallel=1)
+    check_context(s, ctx, max(len(p.encode()) for p in prompts) if prompts else lengths[-1], n_predict,
+                  "--prompts" if prompts else "--prompt-lengths")
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
     dest = Path(log_dir) if log_dir else default_dir(model)
@@ -167,6 +186,14 @@ def bench(model: "str | Path | ModelSpec", *, prompt_lengths: list[int] = (1024,
     commands, samples, counters = {}, [], {}
     n_max = {"draft": s.recipe.draft["n_max"]} if draft else {}
     n_max |= {f"draft-{n}": n for n in sweep if n != s.recipe.draft["n_max"]}
+    total = (1 + len(n_max)) * (len(prompts) if prompts else len(lengths)) * repeats
+    done = [0]
+
+    def one_more():
+        done[0] += 1
+        if on_progress is not None:
+            on_progress(done[0], total)
+
     for mode in ["target", *n_max]:
         port = sv.free_port(host)
         mode_recipe = dataclasses.replace(s.recipe, draft=dict(s.recipe.draft, n_max=n_max[mode])) \
@@ -177,7 +204,7 @@ def bench(model: "str | Path | ModelSpec", *, prompt_lengths: list[int] = (1024,
         if on_command is not None:
             on_command(mode, commands[mode])
         got, counters[mode] = run_mode(mode, argv, host, port, dest / f"llama-server-{mode}.log", s.rt.env(),
-                                       lengths, n_predict, repeats, timeout, prompts=prompts)
+                                       lengths, n_predict, repeats, timeout, prompts=prompts, on_sample=one_more)
         samples += got
     if prompts:  # rows by the prompts' own token counts
         lengths = sorted({x.prompt_tokens for x in samples})
@@ -288,26 +315,48 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def two_panel_plot(result: dict, path: Path, xlabel: str, titles: tuple[str, str], lines: list[tuple]) -> None:
+def tick_label(n: int) -> str:
+    """An axis label as the options are written: 1024 -> 1k, 256000 -> 250k (k = 1024), 48 -> 48."""
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else (f"{n / 1024:.1f}k" if n >= 1024 else str(n))
+
+
+def two_panel_figure(result: dict, xlabel: str, titles: tuple[str, str], lines: list[tuple]):
     """Two side-by-side panels over a log2 x axis (bench's depths, bench --concurrency's streams), each line
-    `(label, style, xs, left ys, right ys)`, titled with the model, recipe and runtime commit."""
+    `(label, style, xs, left ys, right ys)`, titled with the model, recipe and runtime commit. Ticks at the measured
+    points, labelled as the options write them (1k, 32k, 250k: not 2^10); one legend below both panels, never over
+    a curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    ticks = sorted({x for _, _, xs, _, _ in lines for x in xs})
     for label, style, xs, left, right in lines:
         axes[0].plot(xs, left, style, label=label)
         axes[1].plot(xs, right, style, label=label)
     for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([tick_label(t) for t in ticks])
         ax.set_xlabel(xlabel)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        ax.legend()
+    handles, labels = axes[0].get_legend_handles_labels()
     fig.suptitle(f"{result['model']} ({result['recipe']}, commit {result['runtime']['commit']})")
-    fig.tight_layout()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
+    fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 1))
+    return fig
+
+
+def two_panel_plot(result: dict, path: Path, xlabel: str, titles: tuple[str, str], lines: list[tuple]) -> None:
+    """`two_panel_figure`, saved to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = two_panel_figure(result, xlabel, titles, lines)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

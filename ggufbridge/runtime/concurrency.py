@@ -321,6 +321,9 @@ def bench_concurrency(out_dir: str | Path, *, levels: list[int], prompt_tokens: 
         raise GGUFBridgeError(f"--repeats: expected at least 1, found {repeats}")
     s = prepare(out_dir, recipe, draft=draft, ctx=slot_context(prompt_tokens, n_predict), llama_bin=llama_bin,
                 rpc_workers=0, parallel=max(levels))
+    from ggufbridge.runtime.benchmark import check_context
+
+    check_context(s, slot_context(prompt_tokens, n_predict), prompt_tokens, n_predict)
     if s.problems:
         raise RuntimeNotFound(" | ".join(s.problems))
     dest = Path(log_dir) if log_dir else Path(out_dir) / "bench"

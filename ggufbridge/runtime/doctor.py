@@ -10,6 +10,7 @@ from ggufbridge.ggufio.names import DRAFT_KEYS
 from ggufbridge.runtime import locate as loc
 from ggufbridge.runtime import patches
 from ggufbridge.runtime.artifacts import PROJECTORS
+from ggufbridge.runtime.machine import read_machine
 
 
 @dataclass
@@ -51,9 +52,18 @@ def diagnose(llama_bin: str | None = None, python: str | None = None) -> Report:
     r.out(f"version   llama.cpp {rt.version or '?'}, commit {rt.commit or '?'}"
           + (f" (llama-cpp-python {rt.info['version']} tree)" if rt.info.get("version") else ""))
     r.out(f"backends  {', '.join(rt.backends) or 'none found'}")
+    m = read_machine(runtime=rt)
+    for line in m.lines():
+        r.out(f"machine   {line.removeprefix('machine: ')}")
+    cuda = [d for d in m.devices if d.name.startswith("CUDA")]
+    if "cuda" in rt.backends:
+        r.out(f"cuda      CUDA backend built in; {len(cuda)} CUDA device(s) seen")
+    else:
+        r.out("cuda      not in this runtime (a CPU build; scripts/setup.sh --cuda builds a CUDA one)")
     carried = rt.patches
     if carried:
-        r.out(f"patches   ggufbridge series {rt.info.get('patch_hash', '?')}: {', '.join(carried)}")
+        r.out(f"patches   ggufbridge series {rt.info.get('patch_hash', '?')}: {len(carried)} patches")
+        r.lines += [(f"            {p}", False) for p in carried]
     if rt.canvas_mrope:
         r.out("vision    canvas M-RoPE and MiniCPM-V slicing: yes (patched libmtmd); upstream's minicpmv4_7 files: "
               + ("exact, as ours" if rt.knows_minicpmv4_7 else "not loaded (an older series)"))

@@ -52,7 +52,8 @@ def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool =
           port: int = 8080, ctx: int | None = None, parallel: int | None = None, api_key: str | None = None,
           rpc: str | None = None,
           threads: int | None = None, llama_bin: str | None = None, media_path: str | Path | None = None,
-          think: bool | None = None, reasoning_budget: int | None = None, dry_run: bool = False) -> ServeSetup:
+          think: bool | None = None, reasoning_budget: int | None = None, dry_run: bool = False,
+          n_predict: int | None = sv.SERVE_N_PREDICT) -> ServeSetup:
     """Load, plan and build the command. `ctx` is per slot, `parallel` the slots (default the recipe's). `rpc` is
     `HOST:PORT[,...]` or `local`; with `dry_run` and no `rpc`, a recipe's workers are shown as placeholders
     (WORKERi:PORT)."""
@@ -88,7 +89,7 @@ def setup(model: "str | Path | ModelSpec", *, recipe: str = "cpu", draft: bool =
 
         extra += ffshim.server_args(VideoSettings.of_mmproj(s.art.mmproj.path))
     opts = sv.ServeOptions(host=host, port=port, api_key=api_key, draft=draft, rpc=endpoints, threads=threads,
-                           extra=extra, think=think, reasoning_budget=reasoning_budget)
+                           extra=extra, think=think, reasoning_budget=reasoning_budget, n_predict=n_predict)
     server_bin = s.rt.bin_dir / "llama-server" if s.rt else Path("llama-server")
     return ServeSetup(s, opts, server_bin, sv.server_argv(server_bin, s.recipe, s.plan, s.art, opts), local)
 

@@ -45,7 +45,7 @@ def prepare(out_dir: "str | Path | ModelSpec", recipe_name: str, *, draft: bool 
     if draft:
         if art.draft is None:
             raise ManifestError(f"--draft: {art.missing('draft')}; convert the DSpark "
-                                f"draft into this folder first, or name one with --draft FILE")
+                                f"draft into this folder first, or name one with --model-draft FILE")
         pairing.check_draft([read_header(p) for p in art.target.files], read_header(art.draft.path))
         dshape = pl.draft_from_gguf(art.draft.path)
     mmproj = pl.gguf_tensor_bytes(art.mmproj.path, art.mmproj.parts) if art.mmproj else 0

@@ -15,6 +15,10 @@ from ggufbridge.runtime.artifacts import Artifacts, without_split_suffix
 from ggufbridge.runtime.memory import MemoryPlan, Pool
 from ggufbridge.runtime.recipes import Recipe
 
+# What `serve` answers at most when a request sets no length (the chat page sets none): without it llama-server
+# generates until the context is full (its -n default is -1). `serve -n` overrides it, -1 restores unlimited.
+SERVE_N_PREDICT = 4096
+
 _HOSTPORT = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
 
 
@@ -30,6 +34,7 @@ class ServeOptions:
     extra: list[str] = field(default_factory=list)
     think: bool | None = None  # None: the recipe's server.think
     reasoning_budget: int | None = None  # None: the recipe's server.reasoning_budget (-1 = unlimited)
+    n_predict: int | None = None  # -n: the answer length of a request that sets none (None: llama.cpp's, unlimited)
 
 
 def parse_rpc(value: str | None, workers: int) -> list[str]:
@@ -78,7 +83,7 @@ def _common_args(recipe: Recipe, plan: MemoryPlan, art: Artifacts, opts: ServeOp
     if opts.draft:
         if art.draft is None:
             raise ServerError(f"--draft: {art.missing('draft')}; convert the DSpark draft into this folder, or "
-                              f"name one with --draft FILE")
+                              f"name one with --model-draft FILE")
         ngld = drf["n_gpu_layers"]
         a += ["-md", str(art.draft.path), "--spec-type", "draft-dspark",
               "--spec-draft-n-max", str(drf["n_max"]), "--spec-draft-n-min", str(drf["n_min"]),
@@ -128,6 +133,10 @@ def server_argv(server_bin: str | Path, recipe: Recipe, plan: MemoryPlan, art: A
          "--port", str(opts.port), "-a", model_alias(art), "--jinja",
          # thoughts in message.reasoning_content (OpenAI clients' field), not inline <think> text in content
          "--reasoning-format", "deepseek"]
+    if opts.n_predict is not None:
+        # the default of requests without max_tokens / n_predict, as the chat page sends them
+        # (tools/server/server-context.cpp:1799); a request's own value still wins
+        a += ["-n", str(opts.n_predict)]
     if opts.metrics:
         a.append("--metrics")
     if opts.api_key:

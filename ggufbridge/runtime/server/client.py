@@ -25,13 +25,29 @@ def http_json(url: str, body: dict | None = None, api_key: str | None = None, ti
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, raw = r.status, r.read()
-    except urllib.error.HTTPError as e:
+    except urllib.error.HTTPError as e:  # an answer: its status and body (a URLError, no answer, stays an OSError)
         status, raw = e.code, e.read()
     text = raw.decode(errors="replace")
     try:
         return status, json.loads(text)
     except ValueError:
         return status, text
+
+
+def _open(req: urllib.request.Request, timeout: float):
+    """urlopen, with every failure a ServerError that carries the server's own reason (its JSON `error.message`),
+    not urllib's bare "HTTP Error 400: Bad Request" whose reason stays in the server's log."""
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        raw = e.read().decode(errors="replace")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = raw or e.reason
+        raise ServerError(f"{req.full_url}: {_error_text(e.code, body)}") from None
+    except urllib.error.URLError as e:
+        raise ServerError(f"{req.full_url}: cannot reach llama-server: {e.reason}") from None
 
 
 def _error_text(status: int, body) -> str:
@@ -52,7 +68,7 @@ def tokenize(url: str, text: str, api_key: str | None = None) -> list[int]:
     """The server's own token ids of `text`, without special tokens."""
     status, body = http_json(url + "/tokenize", {"content": text, "add_special": False}, api_key)
     if status != 200 or not isinstance(body, dict):
-        raise ServerError(f"/tokenize failed with HTTP {status}: {str(body)[:200]}")
+        raise ServerError(f"{url}/tokenize: {_error_text(status, body)}")
     return body["tokens"]
 
 
@@ -71,12 +87,17 @@ def complete_stream(url: str, ids: list[int] | str, n_predict: int, api_key: str
         req.add_header("Authorization", f"Bearer {api_key}")
     t0 = time.perf_counter()
     ttft, text, timings = None, "", None
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with _open(req, timeout) as r:
         for raw in r:
             line = raw.decode(errors="replace").strip()
             if not line.startswith("data: "):
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:  # a failure after the stream began: the server's reason, as for a refused request
+                err = chunk["error"]
+                said = err.get("message") if isinstance(err, dict) else err
+                said = " ".join(str(said)[:300].split())
+                raise ServerError(f"{url}/completion: llama-server failed the stream: {said}")
             if chunk.get("tokens") or chunk.get("content"):
                 if ttft is None:
                     ttft = time.perf_counter() - t0
@@ -109,7 +130,7 @@ def chat_stream(url: str, prompt: str, n_predict: int, t0: float, api_key: str |
     start = time.perf_counter() - t0
     first = last = None
     text, usage, timings = "", {}, {}
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with _open(req, timeout) as r:
         for raw in r:
             line = raw.decode(errors="replace").strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
