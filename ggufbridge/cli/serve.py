@@ -53,5 +53,5 @@ def command(model, recipe_name, draft, host, port, ctx, parallel, api_key, rpc, 
     if not end.ready:
         click.echo("stopped before the model finished loading", err=True)
         sys.exit(128 + end.signum)
-    click.echo(f"stopped (signal {end.signum}), llama-server exit code {end.exit_code}", err=True)
+    click.echo(end.summary(), err=True)
     sys.exit(0)
