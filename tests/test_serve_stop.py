@@ -82,11 +82,13 @@ def _group(pgid: int) -> list[int]:
 
 
 def _busy_server(s: Serving, n_clients: int) -> tuple[list[Client], Client]:
-    """`n_clients` chats in flight (every other one streamed, long answers) and a tab closed mid-answer."""
+    """At least `n_clients` chats in flight (every other one streamed, answers as long as the slot's context
+    allows) and a tab closed mid-answer. A few more are sent: on a fast machine a slot may finish one or two
+    before the tab has hung up."""
     url = s.wait_ready()
-    tab = Client(url, stream=True, max_tokens=1500, hang_up_after=3)
+    tab = Client(url, stream=True, max_tokens=2000, hang_up_after=3)
     tab.start()
-    clients = [Client(url, stream=i % 2 == 0, max_tokens=1500) for i in range(n_clients)]
+    clients = [Client(url, stream=i % 2 == 0, max_tokens=2000) for i in range(n_clients + 4)]
     for c in clients:
         c.start()
     deadline = time.monotonic() + 120
@@ -94,8 +96,9 @@ def _busy_server(s: Serving, n_clients: int) -> tuple[list[Client], Client]:
         time.sleep(0.1)
     assert tab.outcome == "hung up", tab.outcome
     assert any(c.chunks for c in clients), "no streamed answer started"
-    assert all(c.outcome is None for c in clients), [c.outcome for c in clients]  # every one still in flight
-    return clients, tab
+    in_flight = [c for c in clients if c.outcome is None]
+    assert len(in_flight) >= n_clients, [c.outcome for c in clients]
+    return in_flight, tab
 
 
 @pytest.mark.slow
