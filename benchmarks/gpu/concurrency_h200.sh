@@ -100,7 +100,7 @@ printf 'base = "h200"\nname = "h200-q8kv-b8192"\n[server]\ncache_type_k = "q8_0"
 printf 'base = "h200"\nname = "h200-q8kv-b2048"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nextra_args = ["-b", "2048"]\n' \
   > $R/h200-q8kv-b2048.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-# the candidates off (the series as shipped): multi-column mat-vec (candidate 0025)
+# the candidates off (the series as shipped): multi-column mat-vec (candidate 0026)
 SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0"
 # session 15's series patches off: the greedy chain (0023), the in-place recurrent state read (0024)
 NEW24_OFF="LLAMA_SAMPLER_GREEDY_CHAIN=0 LLAMA_RS_IN_PLACE=0"

@@ -2,7 +2,7 @@
 # The multi-token MoE mat-vecs of the series' patch 0017 (patches/llama.cpp/0017-*: the shaped generic kernel and
 # the Q3_K/Q4_K/Q8_0 row-per-warp kernels) alone, on the device (issue 28): each checked against a plain reference
 # and timed at the model's expert shapes, 2/4/8 tokens.
-# Also the dense multi-column Q6_K/Q4_K mat-vec of candidate 0025. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
+# Also the dense multi-column Q6_K/Q4_K mat-vec of candidate 0026. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
 # the pinned llama.cpp tree, pristine (the two patches are applied to a copy of its ggml/ here) or already
 # carrying them.
 #   bash benchmarks/gpu/moe_kernel/run.sh TREE [OUT]
@@ -10,9 +10,9 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); TREE=$1; O=${2:-/tmp}
 . "$HERE/../common.sh"
 B=$(mktemp -d)
-# the kernels' patches (series 0017: MoE shaped and row-per-warp; candidate 0025: dense multi-column)
+# the kernels' patches (series 0017: MoE shaped and row-per-warp; candidate 0026: dense multi-column)
 G=$(patched_ggml "$B" "$TREE" mmvq-cols.cuh "$HERE"/../../../patches/llama.cpp/0017-*.patch \
-    "$HERE"/../candidates/0025-*.patch)
+    "$HERE"/../candidates/0026-*.patch)
 # the stock kernel beside the shapes: mul_mat_vec_q_moe and the constexpr helpers it uses, cut from the tree's own
 # mmvq.cu (everything before its first host function, get_mmvq_mmid_max_batch_for_device, the kernel; not its
 # mmvq.cuh include, which has no include guard); without them the table has the shapes only
