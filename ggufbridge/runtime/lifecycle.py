@@ -144,6 +144,8 @@ def run_foreground(srv: sv.Server, timeout: float, on_ready: Callable[[], None],
                 code = srv.proc.wait(0.25)
             except subprocess.TimeoutExpired:
                 continue
+            if stopper.sig is not None:  # the signal came during the wait, and the server stopped on it
+                break
             raise ServerError(f"llama-server stopped while serving ({exit_status(code)}); the last lines of its log: "
                               f"{sv.log_last(srv.log_path, log_at)} (log: {srv.log_path})")
         return Outcome(stopper.sig, True, stopper.stop())
