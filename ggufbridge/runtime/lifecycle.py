@@ -32,7 +32,7 @@ from ggufbridge.runtime import server as sv
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 # seconds from SIGTERM to SIGKILL: an idle llama-server exits in well under one; the budget the user sees is this
-# plus the instant a kill takes (docs/usage.md, "Stopping the server")
+# plus the instant a kill takes (docs/usage.md, "Stopping `serve`")
 STOP_GRACE = 5.0
 
 
@@ -98,10 +98,7 @@ class _Stopper:
         if proc is None:
             return None
         if proc.poll() is None:
-            self.signal_server()
-            if self.asked_at is None:  # nothing asked yet (an error, not a signal, brings us here)
-                self.asked_at = time.monotonic()
-                sv.signal_group(proc, signal.SIGTERM)
+            self.signal_server()  # SIGTERM now where none was sent yet (an error, not a signal, brought us here)
             try:
                 proc.wait(0 if self.kill else max(0.0, self.asked_at + STOP_GRACE - time.monotonic()))
             except subprocess.TimeoutExpired:
