@@ -74,7 +74,7 @@ printf 'base = "h200"\nname = "h200-q8kv"\n[server]\ncache_type_k = "q8_0"\ncach
 printf 'base = "h200"\nname = "h200-q8kv-host"\n[server]\ncache_type_k = "q8_0"\ncache_type_v = "q8_0"\nbackend_sampling = false\n' \
   > $R/h200-q8kv-host.toml
 keep_logs() { tar -czf $OUT/logs.tgz -C $L . 2>/dev/null; tar -czf $OUT/results.tgz -C $O . 2>/dev/null; }
-# the candidates off (the series as shipped): multi-column mat-vec (candidate 0025)
+# the candidates off (the series as shipped): multi-column mat-vec (candidate 0026)
 SERIES_ONLY="GGML_CUDA_MMVQ_COLS=0"
 # every performance patch of the series with an off switch off: the Hopper decode kernels (MoE mat-vecs 0017, whose
 # MOE_SHAPED=0 turns the row-per-warp kernels off too; thin F32 0018; crossover row 0019), two-pass top-k (0020),

@@ -59,5 +59,5 @@ def command(model, recipe_name, draft, host, port, ctx, n_predict, parallel, api
     if not end.ready:
         click.echo("stopped before the model finished loading", err=True)
         sys.exit(128 + end.signum)
-    click.echo(f"stopped (signal {end.signum}), llama-server exit code {end.exit_code}", err=True)
+    click.echo(end.summary(), err=True)
     sys.exit(0)

@@ -287,7 +287,7 @@ static void run(const problem & p, std::mt19937 & rng, FILE * out) {
     CK(cudaStreamDestroy(s));
 }
 
-// the dense multi-column mat-vec (mmvq-cols.cuh, candidate 0025) against upstream's vec_dot summed per (row,
+// the dense multi-column mat-vec (mmvq-cols.cuh, candidate 0026) against upstream's vec_dot summed per (row,
 // column): one thread per (row, column), every block, every quant index
 template <ggml_type type>
 __global__ void reference_dense(const void * x, const block_q8_1 * y, float * out, int k, int nrows, int ncols) {

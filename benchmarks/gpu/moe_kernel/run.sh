@@ -2,7 +2,7 @@
 # The multi-token MoE mat-vecs of the series' patch 0017 (ggufbridge/runtime/native/llama.cpp-perf/0017-*: the shaped generic kernel and
 # the Q3_K/Q4_K/Q8_0 row-per-warp kernels) alone, on the device (issue 28): each checked against a plain reference
 # and timed at the model's expert shapes, 2/4/8 tokens.
-# Also the dense multi-column Q6_K/Q4_K mat-vec of candidate 0025. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
+# Also the dense multi-column Q6_K/Q4_K mat-vec of candidate 0026. Needs nvcc and one NVIDIA GPU, no runtime build: TREE is
 # the pinned llama.cpp tree, pristine (the two patches are applied to a copy of its ggml/ here) or already
 # carrying them.
 #   bash benchmarks/gpu/moe_kernel/run.sh TREE [OUT]

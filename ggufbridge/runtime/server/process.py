@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ggufbridge.errors import ServerError
@@ -138,6 +139,20 @@ def log_reason(path: Path) -> str:
     return " ".join((said[0] if said else lines[-1] if lines else "(empty log)").split())
 
 
+def log_last(path: Path, offset: int = 0, n: int = 3) -> str:
+    """The last `n` lines of a log from byte `offset` on (a server's, from the moment it was ready), joined into
+    one line. What a process wrote last is what it was doing when it died; a line that merely contains "error"
+    earlier on (a warning while loading) is not the reason."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, f.seek(0, os.SEEK_END) - 65536))  # a long log: its end is enough
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    last = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()][-n:]
+    return " | ".join(last) if last else "(nothing after it was ready)"
+
+
 class Server:
     """A running llama-server: start(), wait_ready(), url, stop(). Use as a context manager."""
 
@@ -157,10 +172,13 @@ class Server:
         self.proc = spawn(self.argv, env=self.env, log_path=self.log_path)
         return self
 
-    def wait_ready(self, timeout: float = 600.0) -> None:
-        """Poll /health until 200. /v1/models is no signal: it answers while the model is still loading."""
+    def wait_ready(self, timeout: float = 600.0, give_up: Callable[[], bool] | None = None) -> None:
+        """Poll /health until 200. /v1/models is no signal: it answers while the model is still loading. A
+        ServerError as soon as `give_up()` says so (a signal asked us to stop)."""
         deadline = time.monotonic() + timeout
         while True:
+            if give_up is not None and give_up():
+                raise ServerError("stopped before llama-server was ready")
             code = self.proc.poll()
             if code is not None:
                 raise ServerError(f"llama-server exited with code {code} during start-up: "
