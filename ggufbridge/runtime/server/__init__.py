@@ -14,6 +14,6 @@ from ggufbridge.runtime.server.process import (Server, check_bindable, free_port
                                                log_reason, log_tail, signal_group, spawn, stop)
 
 __all__ = ["SERVE_N_PREDICT", "ServeOptions", "Server", "chat", "chat_stream", "check_bindable", "cli_argv",
-           "complete_stream", "device_args", "free_port", "http_json", "log_has_error", "log_last", "log_reason", "log_tail",
-           "metrics", "model_alias", "parse_rpc", "plan_devices", "printable", "reasoning_args", "server_argv",
-           "signal_group", "spawn", "stop", "tokenize"]
+           "complete_stream", "device_args", "free_port", "http_json", "log_has_error", "log_last", "log_reason",
+           "log_tail", "metrics", "model_alias", "parse_rpc", "plan_devices", "printable", "reasoning_args",
+           "server_argv", "signal_group", "spawn", "stop", "tokenize"]
