@@ -100,3 +100,17 @@ def test_doctor_from_the_installed_copy_without_a_runtime_names_the_command(inst
     res = subprocess.run([str(ggufbridge_cmd), "doctor"], capture_output=True, text=True, cwd=work, env=env)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "runtime   none" in res.stdout and "`ggufbridge build-runtime`" in res.stderr
+
+
+def test_the_demo_runs_from_the_installed_copy(installed):
+    """Issue 41's "installable": the installed command's demo, run outside the checkout, builds its folder there
+    (target, mmproj and draft), drafts with its greedy output unchanged and ends with the serve command."""
+    _, _, ggufbridge_cmd, work = installed
+    if not loc.locate().source.startswith("cache"):
+        pytest.skip("the runtime in use is not a cached build of this series, which the installed copy looks for")
+    res = subprocess.run([str(ggufbridge_cmd), "demo"], capture_output=True, text=True, cwd=work, env=_env(),
+                         timeout=1800)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert (work / "ggufbridge-demo" / "model" / "manifest.json").is_file()
+    assert "output equal to target-only" in res.stdout, res.stdout[-3000:]
+    assert "serve ggufbridge-demo/model --draft" in res.stdout
