@@ -2,7 +2,7 @@
 """Served image chats against transformers: the patched path and the stock layout, one table (docs/vision.md).
 
     python benchmarks/served_vision_table.py [--work DIR] [--tokens 12] [--json docs/served-vision.json]
-    python benchmarks/served_vision_table.py --sweep [--pictures 60] [--mmproj f32 f16] [--json FILE]
+    python benchmarks/served_vision_table.py --sweep [--pictures 60] [--clips 12] [--mmproj f32 f16] [--json FILE]
 
 A synthetic MiniCPM-V 4.7 (M-RoPE over t, h and w; the small vocabulary, so the server's top_logprobs is the
 whole distribution and the KL is exact) is converted (F32 target, F32 mmproj, 16x and 4x) and served twice with
@@ -12,8 +12,8 @@ mmproj keys that switch those on renamed, so that libmtmd takes its stock minicp
 teacher-forced on the server's own tokens; KL(transformers ‖ server) per generated token.
 
 --sweep: the served-vision sweep (ggufbridge.testkit.served_sweep) on a model whose MoE router nearly ties at
-every token: `--pictures` random pictures of as many shapes and the 12 clips of served_sweep.CLIPS, per mmproj
-type, each chat's largest |Δ log-probability| over the server's top-5 and greedy agreement against transformers'
+every token: `--pictures` random pictures of as many shapes and the first `--clips` of served_sweep.CLIPS (12),
+per mmproj type, each chat's largest |Δ log-probability| over the server's top-5 and greedy agreement against transformers'
 PIL and torchvision image processors (pictures) and its video processor with torchvision's CPU resize (clips).
 The runtime is `ggufbridge serve`'s (LLAMA_CPP_BIN picks another build: the ablation in docs/vision.md).
 """
@@ -58,11 +58,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--sweep", action="store_true", help="the tie-prone sweep of pictures and clips instead")
     ap.add_argument("--pictures", type=int, default=60)
+    ap.add_argument("--clips", type=int, default=12, help="the first N of served_sweep.CLIPS")
     ap.add_argument("--mmproj", nargs="+", default=["f32", "f16"], choices=["f32", "f16"])
     a = ap.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="served-vision-"))
     if a.sweep:
-        run_sweep(work, a.pictures, a.mmproj, a.json)
+        run_sweep(work, a.pictures, a.clips, a.mmproj, a.json)
         return
     ck = work / "ck"
     if not (ck / "config.json").is_file():
@@ -112,7 +113,7 @@ def main() -> None:
         a.json.write_text(json.dumps(rows, indent=2) + "\n")
 
 
-def run_sweep(work: Path, n_pictures: int, mmprojs: list[str], json_path: Path | None) -> None:
+def run_sweep(work: Path, n_pictures: int, n_clips: int, mmprojs: list[str], json_path: Path | None) -> None:
     from ggufbridge.convert import convert
     from ggufbridge.testkit import served_sweep as sw
 
@@ -123,7 +124,7 @@ def run_sweep(work: Path, n_pictures: int, mmprojs: list[str], json_path: Path |
         out = work / f"sweep-out-{mm}"
         if not (out / "manifest.json").is_file():
             convert(ck, out, outtype="f32", mmproj_outtype=mm, progress=False)
-        rows = sw.sweep(out, ck, ref, pictures, sw.CLIPS, work, work / f"sweep-{mm}.log", progress=True)
+        rows = sw.sweep(out, ck, ref, pictures, sw.CLIPS[:n_clips], work, work / f"sweep-{mm}.log", progress=True)
         result[mm] = rows
         pic = [r for r in rows if r["kind"] == "picture"]
         clips = [r for r in rows if r["kind"] == "clip"]
