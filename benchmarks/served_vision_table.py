@@ -13,8 +13,9 @@ teacher-forced on the server's own tokens; KL(transformers ‖ server) per gener
 
 --sweep: the served-vision sweep (ggufbridge.testkit.served_sweep) on a model whose MoE router nearly ties at
 every token: `--pictures` random pictures of as many shapes and the first `--clips` of served_sweep.CLIPS (12),
-per mmproj type, each chat's largest |Δ log-probability| over the server's top-5 and greedy agreement against transformers'
-PIL and torchvision image processors (pictures) and its video processor with torchvision's CPU resize (clips).
+per mmproj type, each chat's largest |Δ log-probability| over the server's top-5 and greedy agreement against
+transformers' PIL and torchvision image processors (pictures) and its video processor with torchvision's CPU
+resize (clips).
 The runtime is `ggufbridge serve`'s (LLAMA_CPP_BIN picks another build: the ablation in docs/vision.md).
 """
 
