@@ -202,3 +202,39 @@ def test_pillow_pass_order_rule_matches_pillow():
         else:
             two = img.resize((tw, 60), Image.BICUBIC).resize((tw, th), Image.BICUBIC)
         assert np.array_equal(np.asarray(two), np.asarray(img.resize((tw, th), Image.BICUBIC))), (tw, th, vf)
+
+
+# --- random pictures and clips on a tie-prone router (issue 43) --------------------------------------------------
+# The sweep of ggufbridge.testkit.served_sweep on a few representative cases (the full one, 60 pictures and 12
+# clips, is python -m benchmarks.served_vision_table --sweep, its table in docs/vision.md): pictures sliced and not, both
+# Pillow pass orders, and clips of three codecs, against transformers' PIL image processor and its video processor
+# with torchvision's CPU resize. The router nearly ties at every token, so the vision path's own rounding shows:
+# with an F16 projector (or an F32 one computed through F16 steps, the runtime before patch
+# mtmd-f32-projector-computes-in-f32) the sweep breaks the 0.02 bound; F32 stays within it, greedy tokens equal.
+
+SWEEP_PICTURES = [(150, 120), (300, 700), (1000, 420), (230, 170), (640, 640), (90, 500)]
+SWEEP_CLIPS = [0, 2, 7]  # indices into served_sweep.CLIPS: 112² mpeg4 2 fps, 130×250 NTSC, 96×400 VP9
+
+
+@pytest.fixture(scope="module")
+def tie_prone(tmp_path_factory):
+    from ggufbridge.testkit import served_sweep as sw
+
+    return sw.make_model(tmp_path_factory.mktemp("tie-prone"))
+
+
+@pytest.mark.parametrize("mmproj", ["f32", "f16"])
+def test_random_pictures_and_clips_on_a_tie_prone_router(tie_prone, tmp_path, mmproj):
+    from ggufbridge.testkit import served_sweep as sw
+
+    ck, ref = tie_prone
+    out = convert(ck, tmp_path / "out", outtype="f32", mmproj_outtype=mmproj, progress=False).out_dir
+    rows = sw.sweep(out, ck, ref, SWEEP_PICTURES, [sw.CLIPS[i] for i in SWEEP_CLIPS], tmp_path,
+                    tmp_path / "serve.log")
+    (tmp_path / "sweep.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{mmproj} projector\n" + sw.table(rows))
+    bad = sw.failures(rows)
+    if mmproj == "f32":
+        assert not bad, "served deviates from transformers:\n" + sw.table(bad)
+    else:  # the sweep sees an F16 tower's rounding on this router: what it guards the F32 path against
+        assert bad, "an F16 projector stayed within the bound: the router is not tie-prone enough to test anything"

@@ -349,8 +349,9 @@ def test_without_the_patch_frames_get_image_ids(model, tmp_path):
 
 @pytest.mark.slow
 def test_frame_embeddings_and_logits_match_transformers(model, tmp_path):
-    """The frames' visual rows equal transformers' get_video_features (cosine > 0.9999 per token: the crops'
-    resize is libmtmd's bicubic vs torch's antialiased bicubic), and the prompt's logits KL < 1e-3."""
+    """The frames' visual rows equal transformers' get_video_features (cosine > 0.9999 per token: the crops are
+    resized with torch's CPU uint8 kernel on both sides, the rest is the towers' float noise), and the prompt's
+    logits KL < 1e-3."""
     import torch
 
     ck, outs, ref = model

@@ -1,0 +1,277 @@
+"""The served-vision sweep: random pictures of many shapes and clips of many kinds sent to `ggufbridge serve`
+through the OpenAI chat API, each chat scored by transformers (teacher-forced on the server's tokens) against the
+references docs/vision.md defines: pictures against both of transformers' image processors (PIL, the one the
+served path reproduces bit for bit, and torchvision, transformers' default when torchvision is installed), clips
+against the video processor as transformers runs it on the CPU. Per case: the largest |Δ log-probability| over
+the server's top-5 at every generated position, and whether each served token is the reference's argmax there.
+
+The model is the hard case for a vision path's float noise: a MoE router with a near-tie at every token
+(`tie_prone_router`: the experts come in pairs whose router rows differ by `delta`, and the top-k reaches into the
+second pair), so that a feature that moves by more than float noise flips an expert somewhere and moves the
+log-probabilities by far more than the noise itself. Used by tests/test_served_vision_sweep.py (a few cases) and
+python -m benchmarks.served_vision_table --sweep (the full table in docs/vision.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from ggufbridge.testkit import served_chat as sc
+from ggufbridge.testkit.vision import SPEC_THW, hf_processor, hf_video_processor, make_clip, random_image
+
+SLICE = 224  # a small slice keeps the tower cheap while the processor still picks every grid up to 9 slices
+# top-3 of 8 experts: the best pair, then one member of the second pair, whose two router rows nearly tie
+SPEC = dataclasses.replace(SPEC_THW, slice_size=SLICE, linear_k_dim=16, linear_v_dim=16, experts=8, top_k=3)
+ROUTER_DELTA = 0.0005  # relative difference of the paired router rows (tie_prone_router)
+TOP = 5
+N_TOKENS = 6
+TOLERANCE = 0.02
+QUESTION = "What is in the picture?"
+VIDEO_QUESTION = "What happens in the clip?"
+BACKENDS = ("pil", "torchvision")
+
+
+def tie_prone_router(ck: Path, delta: float = ROUTER_DELTA, seed: int = 0) -> None:
+    """Make the checkpoint's MoE routers tie-prone, in place: router row 2i+1 becomes row 2i plus `delta`·(its
+    norm) of random direction, so the two experts of a pair score within ~delta of each other at every token and
+    a top-k that ends inside a pair (SPEC: top-3) decides between them on a near-tie."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((Path(ck) / "model.safetensors.index.json").read_text())
+    gen = torch.Generator().manual_seed(seed)
+    by_shard: dict[str, list[str]] = {}
+    for name, shard in index["weight_map"].items():
+        if name.startswith("model.language_model.") and name.endswith(".mlp.gate.weight"):
+            by_shard.setdefault(shard, []).append(name)
+    if not by_shard:
+        raise ValueError(f"{ck}: no MoE router weights (*.mlp.gate.weight) in the checkpoint")
+    for shard, names in by_shard.items():
+        tensors = load_file(Path(ck) / shard)
+        for name in names:
+            w = tensors[name].double()
+            for e in range(0, w.shape[0] - 1, 2):
+                noise = torch.randn(w.shape[1], generator=gen, dtype=torch.float64)
+                w[e + 1] = w[e] + delta * w[e].norm() * noise / noise.norm()
+            tensors[name] = w.to(tensors[name].dtype).contiguous()
+        save_file(tensors, Path(ck) / shard, metadata={"format": "pt"})
+
+
+def make_model(work: Path, delta: float | None = ROUTER_DELTA):
+    """The sweep's checkpoint (tie-prone router unless `delta` is None) and transformers' model of it, with the
+    video placeholder pointed at the fixture's (the fixture tokenizer names <unk> for pictures and clips)."""
+    from ggufbridge.testkit.checkpoint import load_reference, make_minicpmv47
+
+    ck = Path(work) / ("ck" if delta is not None else "ck-plain")
+    if not (ck / "config.json").is_file():
+        make_minicpmv47(ck, SPEC, vocab="small")
+        if delta is not None:
+            tie_prone_router(ck, delta)
+    ref = load_reference(ck)
+    ref.config.video_token_id = ref.model.config.video_token_id = ref.config.image_token_id
+    return ck, ref
+
+
+# --- cases ----------------------------------------------------------------------------------------------------
+
+def picture_sizes(n: int, seed: int = 43) -> list[tuple[int, int]]:
+    """`n` distinct random picture sizes (w, h) from 40 to 1000 px a side, tall, wide and square alike: with the
+    224 px slice they cover the unsliced case and every grid up to the 9-slice limit."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[int, int]] = []
+    while len(out) < n:
+        area = float(np.exp(rng.uniform(np.log(40 * 40), np.log(900 * 900))))
+        aspect = float(np.exp(rng.uniform(np.log(1 / 4), np.log(4))))
+        w, h = int(round(np.sqrt(area * aspect))), int(round(np.sqrt(area / aspect)))
+        if 40 <= w <= 1000 and 40 <= h <= 1000 and (w, h) not in out:
+            out.append((w, h))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Clip:
+    frames: int
+    fps: Fraction | int
+    size: tuple[int, int]  # (w, h)
+    codec: str = "mpeg4"
+
+    @property
+    def suffix(self) -> str:
+        # containers that store a frame count: transformers' reader samples from it
+        return ".avi" if self.codec == "mjpeg" else ".mp4"
+
+    @property
+    def name(self) -> str:
+        fps = f"{float(self.fps):.2f}".rstrip("0").rstrip(".")
+        return f"{self.size[0]}x{self.size[1]} {fps} fps {self.frames} fr {self.codec}"
+
+
+# sizes (unsliced, 1×2, 2×1, 2×2 and larger grids), frame rates (2 to 60, NTSC), lengths (1 to 6 s: one main
+# frame per started second) and codecs
+CLIPS = [
+    Clip(8, 2, (112, 112)),
+    Clip(20, 10, (250, 130), "libx264"),
+    Clip(75, Fraction(30000, 1001), (130, 250)),
+    Clip(30, 10, (448, 448), "libx264"),
+    Clip(50, 25, (320, 180), "mpeg2video"),
+    Clip(24, 24, (640, 360), "libx264"),
+    Clip(120, 60, (200, 300), "mpeg4"),
+    Clip(12, 4, (96, 400), "libvpx-vp9"),
+    Clip(15, 5, (500, 260), "mjpeg"),
+    Clip(90, 15, (176, 144), "libx264"),
+    Clip(6, 1, (300, 700), "mpeg4"),
+    Clip(40, 20, (720, 480), "libvpx-vp9"),
+]
+
+
+def write_clip(clip: Clip, path: Path, seed: int) -> Path:
+    pix = "yuvj420p" if clip.codec == "mjpeg" else "yuv420p"
+    return make_clip(path.with_suffix(clip.suffix), clip.frames, clip.fps, w=clip.size[0], h=clip.size[1],
+                     codec=clip.codec, seed=seed, pix_fmt=pix)
+
+
+# --- scoring ----------------------------------------------------------------------------------------------------
+
+def deviation(ref_lp: np.ndarray, top: list[dict[int, float]]) -> float:
+    """Largest |Δ log-probability| over the server's top-k tokens at every generated position."""
+    return max(abs(lp - ref_lp[i, t]) for i, row in enumerate(top) for t, lp in row.items())
+
+
+def greedy_equal(ref_lp: np.ndarray, ids: list[int], ban: dict[str, bool]) -> bool:
+    """Every served (greedy) token is the reference's argmax at its position, teacher-forced, among the tokens the
+    request allows (`ban`: its logit_bias)."""
+    lp = ref_lp.copy()
+    lp[:, [int(k) for k in ban]] = -np.inf
+    return all(int(lp[i].argmax()) == t for i, t in enumerate(ids))
+
+
+def ban_ids(ck: Path) -> dict[str, bool]:
+    """logit_bias banning byte fragments and special tokens (see served_chat.partial_utf8_ids): a random model that
+    emits the image placeholder would hand transformers a continuation with one image token too many."""
+    tok = hf_processor(ck).tokenizer
+    return {str(i): False for i in sc.partial_utf8_ids(tok) + list(tok.all_special_ids)}
+
+
+def picture_row(url: str, ck: Path, ref, size: tuple[int, int], seed: int, ban: dict) -> dict:
+    """One picture chat, scored against both image processors."""
+    msgs = [sc.user_turn([random_image(*size, seed=seed)], QUESTION)]
+    turn = sc.chat(url, msgs, max_tokens=N_TOKENS, top_logprobs=TOP, logit_bias=ban)
+    row = {"case": f"{size[0]}x{size[1]}", "prompt_tokens": turn.usage.get("prompt_tokens"), "ids": turn.ids}
+    lps, pixels = {}, {}
+    for backend in BACKENDS:
+        inputs = sc.hf_prompt(hf_processor(ck, image_backend=backend), msgs)
+        lps[backend] = sc.hf_scores(ref, inputs, turn.ids)
+        pixels[backend] = inputs["pixel_values"]
+        row[f"{backend}_tokens"] = int(inputs["input_ids"].shape[1])
+        row[f"{backend}_dlogp"] = deviation(lps[backend], turn.top)
+        row[f"{backend}_greedy"] = greedy_equal(lps[backend], turn.ids, ban)
+    # how far the two references are from each other: their pixels and their log-probabilities (server's top-5)
+    d = (pixels["pil"] - pixels["torchvision"]).abs() * 127.5  # back to 8-bit steps (mean = std = 0.5)
+    row["ref_pixel_max"] = float(d.max())
+    row["ref_pixel_frac"] = float((d > 0.5).float().mean())
+    row["ref_gap"] = max(abs(lps["pil"][i, t] - lps["torchvision"][i, t]) for i, r in enumerate(turn.top) for t in r)
+    grid = hf_processor(ck).image_processor.get_sliced_grid((size[1], size[0]), 9, SLICE)
+    row["grid"] = "unsliced" if grid is None else f"{grid[0]}x{grid[1]}"
+    return row
+
+
+def video_chat_text(question: str = VIDEO_QUESTION) -> str:
+    """The prompt the server's chat template renders for one clip + question (thinking off), with the fixture's
+    placeholder for the video."""
+    return ("<|im_start|>user\n<unk>" + question + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def video_scores(ref, want, continuation: list[int]) -> np.ndarray:
+    """transformers' log-probabilities for each continuation token, teacher-forced after the video prompt."""
+    import torch
+
+    from ggufbridge.compare.metrics import log_softmax
+
+    ids = want["input_ids"][0].tolist()
+    full = torch.tensor([ids + continuation[:-1]])
+    tt = torch.cat([want["mm_token_type_ids"], torch.zeros(1, len(continuation) - 1, dtype=torch.long)], 1)
+    with torch.no_grad():
+        logits = ref(input_ids=full, mm_token_type_ids=tt, pixel_values_videos=want["pixel_values_videos"],
+                     target_sizes_videos=want["target_sizes_videos"]).logits[0, len(ids) - 1:].double().numpy()
+    return log_softmax(logits)
+
+
+def clip_row(url: str, ck: Path, ref, clip: Clip, path: Path, ban: dict) -> dict:
+    """One clip chat (an OpenAI `video_url` part), scored against the video processor."""
+    data = "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+    msgs = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data}},
+                                         {"type": "text", "text": VIDEO_QUESTION}]}]
+    turn = sc.chat(url, msgs, max_tokens=N_TOKENS, top_logprobs=TOP, logit_bias=ban)
+    proc = hf_processor(ck, video_processor=hf_video_processor(ck))
+    want = proc(text=[video_chat_text()], videos=[str(path)], return_tensors="pt")
+    lp = video_scores(ref, want, turn.ids)
+    return {"case": clip.name, "prompt_tokens": turn.usage.get("prompt_tokens"),
+            "video_tokens": int(want["input_ids"].shape[1]), "ids": turn.ids,
+            "video_dlogp": deviation(lp, turn.top), "video_greedy": greedy_equal(lp, turn.ids, ban)}
+
+
+def sweep(out_dir: Path, ck: Path, ref, pictures: list[tuple[int, int]], clips: list[Clip], work: Path,
+          log: Path, progress: bool = False) -> list[dict]:
+    """Every picture and clip through one `ggufbridge serve OUT_DIR` session (the user's command), a row each."""
+    import sys
+
+    from tqdm import tqdm
+
+    from ggufbridge.runtime import server as sv
+
+    port = sv.free_port()
+    argv = [sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port), "--ctx", "8192",
+            "--log", str(log)]
+    srv = sv.Server(argv, "127.0.0.1", port, log.with_name(log.name + ".console")).start()
+    rows = []
+    try:
+        srv.wait_ready(300)
+        ban = ban_ids(ck)
+        bar = tqdm(total=len(pictures) + len(clips), disable=not progress, desc="sweep")
+        for k, size in enumerate(pictures):
+            rows.append({"kind": "picture", **picture_row(srv.url, ck, ref, size, k, ban)})
+            bar.update()
+        for k, clip in enumerate(clips):
+            path = write_clip(clip, Path(work) / f"clip{k}", seed=k)
+            rows.append({"kind": "clip", **clip_row(srv.url, ck, ref, clip, path, ban)})
+            bar.update()
+        bar.close()
+    finally:
+        srv.stop(60)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The sweep as a markdown table: per case the prompt lengths, the deviation and greedy agreement against each
+    reference, and for pictures how far the two image references are from each other."""
+    lines = ["| case | grid | prompt tokens (served / reference) | vs PIL: max abs dlogp, greedy | "
+             "vs torchvision / video processor: max abs dlogp, greedy | PIL vs torchvision: pixels off (max), "
+             "max abs dlogp |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] == "picture":
+            lines.append(f"| {r['case']} | {r['grid']} | {r['prompt_tokens']} / {r['pil_tokens']} | "
+                         f"{r['pil_dlogp']:.4f} {'yes' if r['pil_greedy'] else '**no**'} | "
+                         f"{r['torchvision_dlogp']:.4f} {'yes' if r['torchvision_greedy'] else '**no**'} | "
+                         f"{r['ref_pixel_frac']:.1%} ({r['ref_pixel_max']:.0f}) , {r['ref_gap']:.4f} |")
+        else:
+            lines.append(f"| {r['case']} | clip | {r['prompt_tokens']} / {r['video_tokens']} | - | "
+                         f"{r['video_dlogp']:.4f} {'yes' if r['video_greedy'] else '**no**'} | - |")
+    return "\n".join(lines)
+
+
+def failures(rows: list[dict], tolerance: float = TOLERANCE) -> list[dict]:
+    """The rows outside the acceptance: pictures against PIL (the reference the served path reproduces), clips
+    against the video processor: prompt length, greedy agreement and |Δ log-probability| <= tolerance."""
+    bad = []
+    for r in rows:
+        key = "pil" if r["kind"] == "picture" else "video"
+        want_tokens = r["pil_tokens"] if key == "pil" else r["video_tokens"]
+        if r["prompt_tokens"] != want_tokens or not r[f"{key}_greedy"] or not r[f"{key}_dlogp"] <= tolerance:
+            bad.append(r)
+    return bad
