@@ -208,8 +208,8 @@ def test_pillow_pass_order_rule_matches_pillow():
 # The sweep of ggufbridge.testkit.served_sweep on a few representative cases (the full one, 60 pictures and 12
 # clips, is `python -m benchmarks.served_vision_table --sweep`, its table in docs/vision.md): pictures sliced and
 # not, both Pillow pass orders, and clips of three codecs, against transformers' PIL image processor and its video
-# processor with torchvision's CPU resize. The router nearly ties at every token, so the vision path's own rounding shows:
-# with an F16 projector (or an F32 one computed through F16 steps, the runtime before patch
+# processor with torchvision's CPU resize. The router nearly ties at every token, so the vision path's own
+# rounding shows: with an F16 projector (or an F32 one computed through F16 steps, the runtime before patch
 # mtmd-f32-projector-computes-in-f32) the sweep breaks the 0.02 bound; F32 stays within it, greedy tokens equal.
 
 SWEEP_PICTURES = [(150, 120), (300, 700), (1000, 420), (230, 170), (640, 640), (90, 500)]
