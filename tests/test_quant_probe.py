@@ -30,8 +30,8 @@ def model(make_gguf):
 def cal(tmp_path_factory):
     d = tmp_path_factory.mktemp("probe-cal")
     rng = random.Random(5)
-    p = d / "cal.txt"
-    p.write_text(" ".join(rng.choice("the river model layer token 1 2 3 ( ) ; expert".split()) for _ in range(90)))
+    p = d / "cal.txt"  # ~600 tokens: two rows of 256, or llama-imatrix's two chunks of 128
+    p.write_text(" ".join(rng.choice("the river model layer token 1 2 3 ( ) ; expert".split()) for _ in range(240)))
     return p
 
 
@@ -45,13 +45,17 @@ def imatrix(model, cal, tmp_path_factory):
 
 
 def _uniform(model, tmp_path, t, imatrix=None):
-    """llama-quantize's own file with every quantisable tensor at tensor type `t`."""
+    """llama-quantize's own file with every quantisable tensor at tensor type `t` (for a type that needs an
+    importance matrix: every tensor the matrix covers; llama-imatrix does not see token_embd)."""
     from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant import types as qt
     from ggufbridge.quant.quantize import quantize_file
-    from ggufbridge.quant.sensitivity import exact_mix, units_of
+    from ggufbridge.quant.sensitivity import exact_mix, importance, units_of
 
     h = read_header(model)
     names = [n for ts in units_of(h).values() for n in ts]
+    if t in qt.NEEDS_IMATRIX:
+        names = [n for n in names if n in importance(imatrix)]
     out = tmp_path / f"uniform-{t}.gguf"
     quantize_file(model, out, mix=exact_mix("u", h, {n: t for n in names}), imatrix=imatrix, threads=THREADS)
     return h, read_header(out), names
@@ -173,8 +177,8 @@ def _fixed_cost(monkeypatch, token_s=1.0):
     """Calibration timings replaced by fixed ones, so that the estimate is known to the test."""
     from ggufbridge.quant import sensitivity
 
-    monkeypatch.setattr(sensitivity, "_time_pass", lambda *a, **k: (0.0, token_s))
-    monkeypatch.setattr(sensitivity, "_time_quantisation", lambda *a, **k: 0.0)
+    monkeypatch.setattr(sensitivity, "_time_pass", lambda *a, **k: (0.0, token_s, 0.0))
+    monkeypatch.setattr(sensitivity, "_time_quantisation", lambda *a, **k: (0.0, 0.0))
     monkeypatch.setattr(sensitivity, "_time_copy", lambda *a, **k: 0.0)
 
 

@@ -46,7 +46,8 @@ class CostModel:
     element_s: float  # per weight: every candidate type (quantise, dequantise, compare)
     probe_element_s: float  # per weight: the probe type alone
     byte_s: float
-    reference_passes: float  # 1 when the reference is a GGUF dumped here, 0 for a logits: file or a cached dump
+    kl_token_s: float = 0.0  # of token_s: the KL in numpy (host work, whatever runs the model)
+    reference_passes: float = 1  # 1 when the reference is a GGUF dumped here, 0 for a logits: file or a cached dump
     spent_s: float = 0.0  # the calibration itself
     device: str = "CPU"
     done: int = 0  # units measured by an earlier, interrupted run (not counted above)

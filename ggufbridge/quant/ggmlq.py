@@ -34,8 +34,8 @@ _lock = threading.Lock()
 _lib = None
 
 
-def _library_path() -> Path:
-    """The libggml-base the bindings use: loaded by `import llama_cpp`, found in this process's maps; else the
+def _library_path(stem: str = "libggml-base") -> Path:
+    """A ggml library the bindings use: loaded by `import llama_cpp`, found in this process's maps; else the
     located runtime's."""
     import llama_cpp  # noqa: F401  (loads libllama and its ggml libraries)
 
@@ -43,16 +43,25 @@ def _library_path() -> Path:
         with open("/proc/self/maps") as f:
             for line in f:
                 p = line.split()[-1] if line.split() else ""
-                if Path(p).name.startswith("libggml-base.") and os.path.isfile(p):
+                if Path(p).name.startswith(stem + ".") and os.path.isfile(p):
                     return Path(p)
     except OSError:
         pass
     from ggufbridge.runtime.locate import locate
 
-    p = locate().lib("libggml-base")
+    p = locate().lib(stem)
     if p is None:
-        raise QuantError("cannot find the runtime's libggml-base (the quantiser --fit-bytes measures with)")
+        raise QuantError(f"cannot find the runtime's {stem} (the quantiser --fit-bytes measures with)")
     return p
+
+
+def has_gpu() -> bool:
+    """Whether the runtime has a GPU device (GGML_BACKEND_DEVICE_TYPE_GPU, ggml/include/ggml-backend.h:134-145).
+    `llama_supports_gpu_offload` is no test: a CPU build with the RPC backend says yes."""
+    L = ctypes.CDLL(str(_library_path("libggml")))
+    L.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    L.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    return bool(L.ggml_backend_dev_by_type(1))
 
 
 def lib() -> ctypes.CDLL:

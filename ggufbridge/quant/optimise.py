@@ -54,6 +54,8 @@ def unit_options(sens: Sensitivity) -> dict[str, list[Option]]:
         ts = info["tensors"]
         opts = []
         for t in sens.types:
+            if t not in info["error"]:  # not possible for this unit (a type that needs an importance row it lacks)
+                continue
             b = sum(tensor_bytes(_final(t, sens.shapes[n]), tuple(sens.shapes[n]), align) for n in ts)
             opts.append(Option(t, b, sens.added_kl(u, t)))
         src_t = sens.source_types[ts[0]]

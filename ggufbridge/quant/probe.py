@@ -202,10 +202,10 @@ class ProbeModel:
 
 
 def gpu_layers() -> int:
-    """Every layer on the GPU when the runtime was built with one (CUDA, Metal, ...), else 0."""
-    import llama_cpp
+    """Every layer on the GPU when the runtime has a GPU device (CUDA, Metal, ...), else 0."""
+    from ggufbridge.quant.ggmlq import has_gpu
 
-    return -1 if llama_cpp.llama_supports_gpu_offload() else 0
+    return -1 if has_gpu() else 0
 
 
 class Evaluator:

@@ -257,6 +257,13 @@ def unit_errors(q, header: GGUFHeader, names: list[str], types, keep: str | None
         if im is not None and im.size != n_per_row * (info.shape[2] if len(info.shape) > 2 else 1):
             im = None  # llama-quantize refuses this, except for token_embd; the planner's check is its own
 
+        if im is None and any(final[t] in qt.NEEDS_IMATRIX for t in types):
+            # ggml_quantize_chunk aborts the process without one (ggml.c: GGML_ASSERT(imatrix != NULL)), and
+            # llama-quantize refuses the tensor: those types are no option for this unit
+            types = [t for t in types if final[t] not in qt.NEEDS_IMATRIX]
+            for t in [t for t in err if t not in types]:
+                err.pop(t)
+
         def rows_f32(raw):
             return q.to_float(info.type, np.asarray(raw), raw.shape[0] * n_per_row).reshape(raw.shape[0], n_per_row)
 
@@ -357,10 +364,10 @@ def _time_copy(src: GGUFHeader, work: Path) -> float:
     return dt / max(1, n)
 
 
-def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int) -> tuple[float, float]:
-    """(load seconds, seconds per token) of one llama.cpp pass over calibration rows with the KL against a top-K
-    reference, timed on the source (a second load: the first one may read the file from disk; the second row
-    when there is one: the first carries warm-up)."""
+def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int) -> tuple[float, float, float]:
+    """(load seconds, seconds per token, of which the KL's share) of one llama.cpp pass over calibration rows
+    with the KL against a top-K reference, timed on the source over its first two rows (a second load: the
+    first one may read the file from disk)."""
     from ggufbridge.compare.metrics import chunk_stats, topk_form
     from ggufbridge.compare.run import default_chunk
     from ggufbridge.compare.sources import GGUFSource
@@ -379,26 +386,37 @@ def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int) -> tuple[float, flo
         rng = np.random.default_rng(0)
         for i, row in enumerate(rows[:2]):
             t0 = time.perf_counter()
-            pos = 0
+            pos, kl_s, ref_s = 0, 0.0, 0.0
             for c in s.chunks(i, row, chunk):
+                t1 = time.perf_counter()
                 labels = row.labels[pos:pos + c.n]
-                chunk_stats(topk_form(c.logits, 64, labels, 32, rng), c, labels)
+                ref = topk_form(c.logits, 64, labels, 32, rng)  # a probe reads this from the dump instead
+                t2 = time.perf_counter()
+                chunk_stats(ref, c, labels)
+                ref_s += t2 - t1
+                kl_s += time.perf_counter() - t2
                 pos += c.n
-            rates.append((time.perf_counter() - t0) / max(1, len(row.ids)))
+            rates.append((time.perf_counter() - t0 - ref_s, kl_s, len(row.ids)))
     finally:
         s.close()
-    return load_s, rates[-1]
+    # every probe loads a fresh model, so its first row's warm-up is part of the rate
+    n = max(1, sum(r[2] for r in rates))
+    return load_s, sum(r[0] for r in rates) / n, sum(r[1] for r in rates) / n
 
 
 def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types, probe_type: str):
     """(seconds per weight at every type, at the probe type alone): quantise, dequantise and compare one slab of
     the largest tensor (about 1 M weights)."""
+    from ggufbridge.quant.ggmlq import type_id as ggmlq_type_id
+
     name = max((n for ts in units.values() for n in ts), key=lambda n: header.tensor(n).n_elements)
     info = header.tensor(name)
     _, _, raw = next(_slabs(header, name))
     rows = max(1, min(raw.shape[0], (1 << 20) // info.shape[0]))
     raw = np.asarray(raw[:rows])
     per = {}
+    for t in types:
+        q.L.ggml_quantize_init(ggmlq_type_id(t))  # the IQ grids are built once per process: not per weight
     for t in types:
         t0 = time.perf_counter()
         f = q.to_float(info.type, raw, rows * info.shape[0]).reshape(rows, info.shape[0])
@@ -502,7 +520,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     q = Quantiser(threads)
     try:
         t0 = time.perf_counter()
-        load_s, token_s = _time_pass(src, rows, ctx, n_gpu_layers)
+        load_s, token_s, kl_token_s = _time_pass(src, rows, ctx, n_gpu_layers)
         element_s, probe_element_s = _time_quantisation(q, header, units, types, probe_type)
         byte_s = _time_copy(header, Path(work))
 
@@ -517,7 +535,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
                 units=len(left), rows=len(rows), tokens=sum(len(r.ids) for r in rows),
                 elements=sum(header.tensor(n).n_elements for u in left for n in units[u]),
                 sampled=sum(sampled_weights(header, units[u], ERROR_SAMPLE) for u in left), types=len(types),
-                source_bytes=header.file_bytes, load_s=load_s, token_s=token_s, element_s=element_s,
+                source_bytes=header.file_bytes, load_s=load_s, token_s=token_s, kl_token_s=kl_token_s,
+                element_s=element_s,
                 probe_element_s=probe_element_s, byte_s=byte_s,
                 reference_passes=0 if reference.startswith("logits:") or ref_file_of(rows).is_file() else 1,
                 spent_s=time.perf_counter() - t_start, device="GPU" if n_gpu_layers else "CPU",
