@@ -215,22 +215,32 @@ def test_interrupted_measurement_resumes_from_its_records(model, cal, tmp_path, 
     assert not list((tmp_path / "work").glob("*/probe"))  # the layout (a copy of the source) is gone
 
 
-def test_time_budget_cuts_calibration_rows_or_refuses(model, cal, tmp_path, monkeypatch):
-    from ggufbridge.quant.sensitivity import calibration_rows, measure
+def test_time_budget_cuts_calibration_tokens_or_refuses(model, cal, tmp_path, monkeypatch):
+    from ggufbridge.quant.sensitivity import MIN_TOKENS, calibration_rows, measure
 
     _fixed_cost(monkeypatch)
     rows = calibration_rows(model, cal, 64, 4)
-    assert len(rows) >= 2
-    n1 = len(rows[0].ids)
+    total = sum(len(r.ids) for r in rows)
     kw = dict(work=tmp_path / "work", ctx=64, max_rows=4, threads=THREADS, types=("Q3_K", "Q6_K"), n_gpu_layers=0)
-    # 1 s per token: a reference pass and 12 probe passes of one row take 13 × n1 s; two rows would take twice that
-    with pytest.raises(QuantError, match="even on one calibration row"):
-        measure(model, cal, budget_s=5.0 * n1, **kw)
+    # 1 s per token: a reference pass and 12 probe passes (the source + 11 units) of t tokens take 13·t s
+    with pytest.raises(QuantError, match=f"even on {MIN_TOKENS} calibration tokens"):
+        measure(model, cal, budget_s=13.0 * MIN_TOKENS - 1, **kw)
     said = []
-    sens = measure(model, cal, budget_s=14.0 * n1 + 60, report=said.append, **kw)
-    assert sens.n_tokens == n1
-    assert "measuring on the first 1 rows" in said[0]
-    assert "estimated total" in said[-1]
+    sens = measure(model, cal, budget_s=13.0 * 40 + 12, report=said.append, **kw)
+    # the seconds the calibration itself took come off the budget first (a few here, 13 per token less)
+    n = sens.n_tokens
+    assert 37 <= n <= 40 < total
+    assert f"measuring on the first {n} tokens" in said[0]
+    assert "estimated total" in said[-1] and f"{n} calibration tokens" in said[1]
+
+
+def test_calibration_tokens_cuts_the_rows(model, cal, tmp_path):
+    from ggufbridge.quant.sensitivity import first_tokens, calibration_rows
+
+    rows = calibration_rows(model, cal, 256, 16)
+    cut = first_tokens(rows, 300)
+    assert [len(r.ids) for r in cut] == [256, 44] and cut[1].ids == rows[1].ids[:44]
+    assert first_tokens(rows, None) == rows
 
 
 def test_fit_budget_time_errors_are_one_line(model, cal, tmp_path):
@@ -240,7 +250,7 @@ def test_fit_budget_time_errors_are_one_line(model, cal, tmp_path):
     assert r.exit_code == 2 and "expected a positive duration" in r.output
     r = CliRunner().invoke(cli, base + ["--fit-budget-time", "0.001"])
     assert r.exit_code == 2, r.output
-    assert "even on one calibration row" in r.output and "Traceback" not in r.output
+    assert "even on 16 calibration tokens" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o.gguf").exists()
     r = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(tmp_path / "o.gguf"), "--quant", "Q8_0",
                                  "--fit-budget-time", "1h"])

@@ -13,7 +13,7 @@ A short calibration times each kind of work here and now:
 * copies = source bytes × `byte_s`, timed on the source's first tensor data.
 
 So the total is  spent + layout + reference + (units + 1) × pass + quantisation + final,  and a
-time budget (`--fit-budget-time`) is met by measuring on fewer calibration rows (a pass is linear in tokens).
+time budget (`--fit-budget-time`) is met by measuring on fewer calibration tokens (a pass is linear in them).
 """
 
 from __future__ import annotations
@@ -71,16 +71,10 @@ class CostModel:
     def total(self, tokens: int | None = None) -> float:
         return self.spent_s + sum(self.parts(tokens).values())
 
-    def rows_for(self, budget_s: float, row_tokens: list[int]) -> int:
-        """The most calibration rows (a prefix) whose run fits `budget_s`; 0 when not even one row does."""
-        best, acc = 0, 0
-        for i, n in enumerate(row_tokens, start=1):
-            acc += n
-            if self.total(acc) <= budget_s:
-                best = i
-            else:
-                break
-        return best
+    def tokens_for(self, budget_s: float) -> int:
+        """The most calibration tokens (a prefix) whose run fits `budget_s` (the total is linear in tokens)."""
+        fixed, per = self.total(0), self.total(1) - self.total(0)
+        return min(self.tokens, int((budget_s - fixed) // per)) if per > 0 and budget_s > fixed else 0
 
     def describe(self) -> str:
         p = self.parts()

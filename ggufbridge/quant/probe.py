@@ -211,7 +211,7 @@ def gpu_layers() -> int:
 class Evaluator:
     """KL of models against one reference on fixed calibration rows; the rows and the reference stay open."""
 
-    def __init__(self, ref_spec: str, rows, ctx: int, n_gpu_layers: int | None = None):
+    def __init__(self, ref_spec: str, rows, ctx: int, n_gpu_layers: int | None = None, threads: int | None = None):
         from ggufbridge.compare.run import default_chunk
         from ggufbridge.compare.sources import open_source
 
@@ -220,6 +220,7 @@ class Evaluator:
         self.ref = self._stack.enter_context(open_source(ref_spec, n_ctx=ctx, chunk=ctx))
         self.chunk = default_chunk(self.ref.vocab_size, ctx)
         self.n_gpu_layers = gpu_layers() if n_gpu_layers is None else n_gpu_layers
+        self.threads = threads
         check = getattr(self.ref, "check_rows", None)
         if check is not None:
             check(rows)
@@ -232,7 +233,8 @@ class Evaluator:
 
         rows = self.rows if rows is None else self.rows[:rows]
         t0 = time.perf_counter()
-        with GGUFSource(Path(model), n_ctx=self.ctx, chunk=self.chunk, n_gpu_layers=self.n_gpu_layers) as cand:
+        with GGUFSource(Path(model), n_ctx=self.ctx, chunk=self.chunk, n_gpu_layers=self.n_gpu_layers,
+                        n_threads=self.threads) as cand:
             t1 = time.perf_counter()
             if cand.vocab_size != self.ref.vocab_size:
                 raise QuantError(f"{model}: vocabulary of {cand.vocab_size}, the reference has {self.ref.vocab_size}")

@@ -166,6 +166,24 @@ def calibration_rows(src: Path, calibration, ctx: int, max_rows: int | None):
     return rows[:max_rows] if max_rows else rows
 
 
+MIN_TOKENS = 16  # fewer calibration tokens than this measure noise, not the units
+
+
+def first_tokens(rows, n: int | None):
+    """The first `n` tokens of the calibration rows (the last row kept cut short); all of them when n is None."""
+    from ggufbridge.compare.evalset import Row
+
+    if n is None:
+        return rows
+    out, left = [], n
+    for r in rows:
+        if left <= 0:
+            break
+        out.append(r if len(r.ids) <= left else Row(tuple(r.ids[:left]), r.kind, None))
+        left -= len(r.ids)
+    return out
+
+
 def _peak_rss_mib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -364,7 +382,7 @@ def _time_copy(src: GGUFHeader, work: Path) -> float:
     return dt / max(1, n)
 
 
-def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int) -> tuple[float, float, float]:
+def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tuple[float, float, float]:
     """(load seconds, seconds per token, of which the KL's share) of one llama.cpp pass over calibration rows
     with the KL against a top-K reference, timed on the source over its first two rows (a second load: the
     first one may read the file from disk)."""
@@ -374,7 +392,7 @@ def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int) -> tuple[float, flo
 
     def load():
         t0 = time.perf_counter()
-        s = GGUFSource(src, n_ctx=ctx, chunk=ctx, n_gpu_layers=n_gpu_layers)
+        s = GGUFSource(src, n_ctx=ctx, chunk=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads)
         return s, time.perf_counter() - t0
 
     s, _ = load()
@@ -449,15 +467,16 @@ def _measure_header(src: Path, header: GGUFHeader, work: Path, imatrix, threads,
 def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 256, max_rows: int | None = 16,
             imatrix=None, types: tuple[str, ...] | None = None, probe_type: str = PROBE_TYPE,
             threads: int | None = None, progress: bool = False, runtime=None, budget_s: float | None = None,
-            report=None, n_gpu_layers: int | None = None) -> Sensitivity:
+            report=None, n_gpu_layers: int | None = None, max_tokens: int | None = None) -> Sensitivity:
     """Measure (or load from `work`) the sensitivity of every unit of the unquantised GGUF `src`.
 
     reference: `hf:DIR`, `logits:FILE` (a dump-logits file made on the same rows) or `gguf:FILE`; default the
     source itself. It is dumped once (top-64 + 32 samples) into `work`, so each probe costs one llama.cpp pass.
     Each probe quantises only its unit (ggufbridge.quant.ggmlq) and evaluates the source with that unit swapped
-    in (ggufbridge.quant.probe). Before the work starts, the cost is measured and given to `report` (a
-    callable taking a line; ggufbridge.quant.cost); with `budget_s`, fewer calibration rows are used when the
-    estimate is over it, and the run is refused when even one row would not fit. Finished steps are recorded in
+    in (ggufbridge.quant.probe). `max_tokens`: only the first calibration tokens (cheaper, noisier). Before the
+    work starts, the cost is measured and given to `report` (a callable taking a line; ggufbridge.quant.cost);
+    with `budget_s`, fewer calibration tokens are used when the estimate is over it, and the run is refused
+    when even MIN_TOKENS would not fit. Finished steps are recorded in
     the measurement's folder and an interrupted run resumes from them. `n_gpu_layers`: None offloads every layer
     when the runtime has a GPU backend.
     """
@@ -492,7 +511,9 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     imatrix = str(Path(imatrix)) if imatrix is not None else None
     threads = threads or _default_threads()
     n_gpu_layers = gpu_layers() if n_gpu_layers is None else n_gpu_layers
-    rows = calibration_rows(src, calibration, ctx, max_rows)
+    if max_tokens is not None and max_tokens < MIN_TOKENS:
+        raise QuantError(f"--calibration-tokens must be at least {MIN_TOKENS}, found {max_tokens}")
+    rows = first_tokens(calibration_rows(src, calibration, ctx, max_rows), max_tokens)
     # the source as its own reference is keyed by its content (already in the key), not by where it lies: the
     # same file at another path (convert --fit-bytes's intermediate, a copy) reuses the measurement
     ref_key = reference or "source"
@@ -520,7 +541,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     q = Quantiser(threads)
     try:
         t0 = time.perf_counter()
-        load_s, token_s, kl_token_s = _time_pass(src, rows, ctx, n_gpu_layers)
+        load_s, token_s, kl_token_s = _time_pass(src, rows, ctx, n_gpu_layers, threads)
         element_s, probe_element_s = _time_quantisation(q, header, units, types, probe_type)
         byte_s = _time_copy(header, Path(work))
 
@@ -544,15 +565,16 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
 
         cost = cost_for(rows)
         if budget_s is not None and cost.total() > budget_s:
-            k = cost.rows_for(budget_s, [len(r.ids) for r in rows])
-            if k == 0:
+            k = cost.tokens_for(budget_s)
+            if k < MIN_TOKENS:
+                say(cost.describe())
                 raise QuantError(
-                    f"the sensitivity pass would take about {human_time(cost.total(len(rows[0].ids)))} here even on "
-                    f"one calibration row ({cost.units} units), over --fit-budget-time {human_time(budget_s)}: "
-                    "allow more time, use a machine with a GPU, or a fixed mix (--mix hq4)")
-            say(f"--fit-budget-time {human_time(budget_s)}: the full calibration ({len(rows)} rows) would take "
-                f"about {human_time(cost.total())}; measuring on the first {k} rows")
-            rows = rows[:k]
+                    f"the sensitivity pass would take about {human_time(cost.total(MIN_TOKENS))} here even on "
+                    f"{MIN_TOKENS} calibration tokens ({cost.units} units), over --fit-budget-time "
+                    f"{human_time(budget_s)}: allow more time, use a machine with a GPU, or a fixed mix (--mix hq4)")
+            say(f"--fit-budget-time {human_time(budget_s)}: the full calibration ({cost.tokens:,} tokens) would take "
+                f"about {human_time(cost.total())}; measuring on the first {k:,} tokens")
+            rows = first_tokens(rows, k)
             found = cached(rows)
             if found is not None:
                 return found
@@ -589,7 +611,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         keep = source_types(header)
         im = importance(imatrix)
         t0 = time.perf_counter()
-        with Evaluator(ref_spec, rows, ctx, n_gpu_layers) as ev:
+        with Evaluator(ref_spec, rows, ctx, n_gpu_layers, threads) as ev:
             if done.base is None:
                 done.base = ev.kl(src)
                 done.add({"kind": "base", "kl": done.base})
