@@ -3,13 +3,14 @@ random-weight models with the 35B-A3B's real layer shapes, 1, 4 and 10 layers de
 `quantize --quant Q4_K_M` of the same file; then the fitted law evaluated at the full 35B-A3B.
 
     python -m benchmarks.bench_fit_scaling --work /tmp/fit-scaling [--layers 1 4 10] [--experts 16]
-        [--cal-chars 1200] [--threads 2] [--out benchmarks/results/fit-scaling/cpu.json]
+        [--vocab real|small] [--tokens 4096] [--threads 2] [--out benchmarks/results/fit-scaling/cpu.json]
 
 Models: benchmarks/make_fullsize_gguf.py's target at BF16 (hidden 2048, 16/2 heads of 256, gated delta-net
 16 K-heads / 32 V-heads of 128, shared and routed expert ff 512, the real 248,144-token vocabulary, layers in the
 LLLF pattern), with `--experts` routed experts (top-8) instead of 256: an expert layer of 256 is 1.6 GB of BF16,
-too much for this machine three times over. A token still runs 8 experts per layer, so the pass per token is the
-real one; what 256 experts add (more weights to quantise, more bytes to copy and map) is linear in the weights
+too much for this machine three times over. A model needs a layer of each kind (the runtime's hybrid memory
+asserts on a KV cache or a recurrent state without layers), so the smallest is 2 layers, LF. A token still runs 8
+experts per layer (with 8 experts: all of them), so the pass per token is the real one; what 256 experts add (more weights to quantise, more bytes to copy and map) is linear in the weights
 and bytes, and the law counts them that way.
 
 Each size runs the real CLI in a child process (wall time from the parent, which includes the interpreter's
@@ -39,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 PATTERN = "LLLF" * 10
 
 
-def build(work: Path, layers: int, experts: int, seed: int = 0) -> Path:
+def build(work: Path, layers: int, experts: int, vocab: str, seed: int = 0) -> Path:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from make_fullsize_gguf import Shape, target_plan
 
@@ -47,14 +48,19 @@ def build(work: Path, layers: int, experts: int, seed: int = 0) -> Path:
     from ggufbridge.ggufio.writer import write_gguf
     from ggufbridge.testkit.vocab import write_tokenizer
 
-    out = work / f"L{layers}-E{experts}" / "src-BF16.gguf"
+    out = work / f"L{layers}-E{experts}-{vocab}" / "src-BF16.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tok = work / "tokenizer"
+    tok = work / f"tokenizer-{vocab}"
+    name = "qwen35" if vocab == "real" else vocab
     if not (tok / "tokenizer.json").is_file():
-        write_tokenizer(tok)
-    s = replace(Shape(), layers=PATTERN[:layers], experts=experts, top_k=min(8, experts))
+        write_tokenizer(tok, name)
+    from ggufbridge.testkit.vocab import get_vocab
+
+    pattern = PATTERN[:layers] if "F" in PATTERN[:layers] else PATTERN[:layers - 1] + "F"
+    s = replace(Shape(), layers=pattern, experts=experts, top_k=min(8, experts),
+                vocab=get_vocab(name).vocab_size)
     plan = target_plan(s, "bf16", read_vocab(tok, s.vocab), seed)
     w = write_gguf(plan, out, "f16")
     w.commit()
@@ -137,19 +143,19 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--layers", type=int, nargs="+", default=[1, 4, 10])
     ap.add_argument("--experts", type=int, default=16)
-    ap.add_argument("--cal-chars", type=int, default=1200,
-                    help="calibration: the first N characters of the packaged sample (1,200: one row of 256 tokens)")
+    ap.add_argument("--vocab", choices=("real", "small"), default="real",
+                    help="the 248,144-token vocabulary, or the test kit's 512 (the head's cost then comes from --head)")
+    ap.add_argument("--tokens", type=int, default=None, help="--calibration-tokens of each run [all: 4,096]")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fit-scaling" / "cpu.json")
     a = ap.parse_args(argv)
     from ggufbridge.quant.optimise import default_calibration
 
     a.work.mkdir(parents=True, exist_ok=True)
-    cal = a.work / "cal.txt"
-    cal.write_text(default_calibration().read_text()[:a.cal_chars])
+    cal = default_calibration()
     rows = []
     for layers in a.layers:
-        src = build(a.work, layers, a.experts)
+        src = build(a.work, layers, a.experts, a.vocab)
         d = src.parent
         q4 = d / "Q4_K_M.gguf"
         q4_s, _ = run(["quantize", str(src), "-o", str(q4), "--quant", "Q4_K_M", "--threads", str(a.threads)],
@@ -162,7 +168,8 @@ def main(argv=None) -> int:
         load = os.getloadavg()
         fit_s, err = run(["quantize", str(src), "-o", str(d / "fit.gguf"), "--fit-bytes", str(q4.stat().st_size),
                           "--ctx", "0", "--calibration", str(cal), "--work", str(work), "--threads",
-                          str(a.threads)], d / "fit.log")
+                          str(a.threads)] + (["--calibration-tokens", str(a.tokens)] if a.tokens else []),
+                         d / "fit.log")
         sens = json.loads(next(work.glob("*/sensitivity.json")).read_text())
         est = sens["timings"]["estimate_s"]
         printed = re.search(r"estimated total\s+(\S+ \S+)", err)

@@ -167,6 +167,7 @@ def calibration_rows(src: Path, calibration, ctx: int, max_rows: int | None):
 
 
 MIN_TOKENS = 16  # fewer calibration tokens than this measure noise, not the units
+CALIBRATION_TOKENS = 128  # tokens the cost estimate times a pass on (warm-up included: every probe has one)
 
 
 def first_tokens(rows, n: int | None):
@@ -384,8 +385,8 @@ def _time_copy(src: GGUFHeader, work: Path) -> float:
 
 def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tuple[float, float, float]:
     """(load seconds, seconds per token, of which the KL's share) of one llama.cpp pass over calibration rows
-    with the KL against a top-K reference, timed on the source over its first two rows (a second load: the
-    first one may read the file from disk)."""
+    with the KL against a top-K reference, timed on the source over its first CALIBRATION_TOKENS tokens (a
+    second load: the first one may read the file from disk)."""
     from ggufbridge.compare.metrics import chunk_stats, topk_form
     from ggufbridge.compare.run import default_chunk
     from ggufbridge.compare.sources import GGUFSource
@@ -402,7 +403,7 @@ def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tu
         chunk = default_chunk(s.vocab_size, ctx)
         rates = []
         rng = np.random.default_rng(0)
-        for i, row in enumerate(rows[:2]):
+        for i, row in enumerate(first_tokens(rows, CALIBRATION_TOKENS)):
             t0 = time.perf_counter()
             pos, kl_s, ref_s = 0, 0.0, 0.0
             for c in s.chunks(i, row, chunk):
