@@ -1,24 +1,25 @@
 """How `quantize --fit-bytes` scales with the model: the command's printed estimate against its measured time on
-random-weight models with the 35B-A3B's real layer shapes, 1, 4 and 10 layers deep, each beside one plain
+random-weight models with the 35B-A3B's real layer shapes, a few layers deep, each beside one plain
 `quantize --quant Q4_K_M` of the same file; then the fitted law evaluated at the full 35B-A3B.
 
-    python -m benchmarks.bench_fit_scaling --work /tmp/fit-scaling [--layers 1 4 10] [--experts 16]
+    python -m benchmarks.bench_fit_scaling --work /tmp/fit-scaling [--layers 2 4 10] [--experts 16]
         [--vocab real|small] [--tokens 4096] [--threads 2] [--out benchmarks/results/fit-scaling/cpu.json]
 
 Models: benchmarks/make_fullsize_gguf.py's target at BF16 (hidden 2048, 16/2 heads of 256, gated delta-net
-16 K-heads / 32 V-heads of 128, shared and routed expert ff 512, the real 248,144-token vocabulary, layers in the
-LLLF pattern), with `--experts` routed experts (top-8) instead of 256: an expert layer of 256 is 1.6 GB of BF16,
-too much for this machine three times over. A model needs a layer of each kind (the runtime's hybrid memory
-asserts on a KV cache or a recurrent state without layers), so the smallest is 2 layers, LF. A token still runs 8
-experts per layer (with 8 experts: all of them), so the pass per token is the real one; what 256 experts add (more weights to quantise, more bytes to copy and map) is linear in the weights
-and bytes, and the law counts them that way.
+16 K-heads / 32 V-heads of 128, shared and routed expert ff 512, layers in the LLLF pattern, the real
+248,144-token vocabulary or the test kit's 512), with `--experts` routed experts (top-8) instead of 256: an
+expert layer of 256 is 1.6 GB of BF16, too much for a small machine three times over. A model needs a layer of
+each kind (the runtime's hybrid memory asserts on a KV cache or a recurrent state without layers), so the
+smallest is 2 layers, LF. A token still runs 8 experts per layer, so the pass per token is the real one; what
+256 experts add (more weights to quantise, more bytes to copy and map) is linear in the weights and bytes, and
+the law counts them that way.
 
 Each size runs the real CLI in a child process (wall time from the parent, which includes the interpreter's
 start), with `--ctx 0` and a budget of the Q4_K_M file's size. The estimate is the one the command printed
 (also stored in sensitivity.json's timings). The law: a llama.cpp pass = load + tokens × (head + layers ×
 per-layer) seconds, quantisation = weights × seconds per weight, copies = bytes × seconds per byte, each fitted
-on the three sizes' calibration figures (least squares), then evaluated with the 35B-A3B's counts: 192 units,
-its weights and bytes, 4,096 calibration tokens (the default 16 rows of 256).
+on the sizes' calibration figures (least squares), then evaluated with the 35B-A3B's counts: 192 units, its
+weights and bytes, 4,096 calibration tokens (the default 16 rows of 256).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def full_size(law: dict, counts: dict, tokens: int = 4096, types: int = 8) -> di
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--layers", type=int, nargs="+", default=[1, 4, 10])
+    ap.add_argument("--layers", type=int, nargs="+", default=[2, 4, 10])
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--vocab", choices=("real", "small"), default="real",
                     help="the 248,144-token vocabulary, or the test kit's 512 (the head's cost then comes from --head)")
