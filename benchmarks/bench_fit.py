@@ -25,9 +25,12 @@ from pathlib import Path
 # Synthetic shapes for the acceptance checks of docs/quant.md (every matrix row a multiple of 256).
 # embedding-heavy: the real 248,144-token vocabulary over hidden 256 (embedding + head ≈ 90% of the bytes);
 # expert-heavy: 16 routed experts of ff 512 per layer (routed experts ≈ 85% of the bytes, as in the 35B-A3B).
+# bench-369m: benchmarks/bench_convert.py's model (369 M parameters, 0.74 GB at F16, the real vocabulary), the
+# checkpoint of issue 44's timings; F16 as it was measured there.
 SHAPES = {
     "embedding-heavy": ({}, "qwen35"),
     "expert-heavy": ({"experts": 16, "expert_ff": 512}, "small"),
+    "bench-369m": (None, "qwen35"),
 }
 
 
@@ -38,11 +41,16 @@ def make(name: str, work: Path) -> Path:
     from ggufbridge.testkit.checkpoint import get_spec, make_minicpmv47
 
     over, vocab = SHAPES[name]
-    spec = dataclasses.replace(get_spec("ksafe"), **over)
-    out = work / f"{name}-bf16"
+    if over is None:
+        from benchmarks.bench_convert import BENCH_SPEC
+
+        spec, outtype = BENCH_SPEC, "f16"
+    else:
+        spec, outtype = dataclasses.replace(get_spec("ksafe"), **over), "bf16"
+    out = work / f"{name}-{outtype}"
     if not (out / "manifest.json").is_file():
         ckpt = make_minicpmv47(work / f"{name}-ckpt", spec, vocab=vocab, dtype="bfloat16")
-        convert(ckpt, out, outtype="bf16", mmproj=False, progress=False, force=True)
+        convert(ckpt, out, outtype=outtype, mmproj=False, progress=False, force=True)
     return next(out.glob("*.gguf"))
 
 

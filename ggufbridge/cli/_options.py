@@ -170,6 +170,27 @@ class ByteSize(click.ParamType):
         return int(n)
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(|s|m|min|h)\s*$", re.I)
+_SECONDS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
+MAX_SECONDS = 366 * 24 * 3600  # a duration beyond a year is a typo
+
+
+class Duration(click.ParamType):
+    """Seconds, or a number with s, m/min or h: 300, 5m, 2.5h."""
+
+    name = "DURATION"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS:
+            return float(value)
+        m = _DURATION.match(str(value))
+        v = float(m.group(1)) * _SECONDS[m.group(2).lower()] if m else None
+        if v is None or not 0 < v <= MAX_SECONDS:
+            self.fail(f"expected a positive duration such as 300, 5m or 2.5h (at most a year), found {value!r}",
+                      param, ctx)
+        return v
+
+
 fit_bytes = _option("--fit-bytes", type=ByteSize(), default=None,
                     help="Pick the best type/mix whose weights + KV cache for --ctx + state fit this many bytes.")
 

@@ -29,13 +29,19 @@ from ggufbridge.cli._common import writes_files
               help="--fit*: where to write the chosen mix as a recipe TOML [default: OUT with .mix.toml].")
 @click.option("--work", type=click.Path(file_okay=False), default=None,
               help="--fit*: sensitivity cache folder [default: ~/.cache/ggufbridge/sensitivity].")
+@click.option("--fit-budget-time", type=opt.Duration(), default=None,
+              help="--fit*: time the sensitivity pass may take here (300, 20m, 2h); its estimate is printed first, "
+                   "and fewer calibration tokens are measured when it is over (refused if even 16 are).")
+@click.option("--calibration-tokens", type=click.IntRange(16, opt.INT32_MAX), default=None,
+              help="--fit*: measure on the first N calibration tokens only (cheaper, noisier) "
+                   "[default: all, 16 rows of 256].")
 @opt.imatrix()
 @opt.quant_threads("Quantiser threads [default: up to 8].")
 @click.option("--allow-requantize", is_flag=True, help="Allow a source that is already quantised (loses quality).")
 @opt.as_json()
 @writes_files
-def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference, mix_out, work, imatrix, threads,
-            allow_requantize, as_json):
+def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference, mix_out, work, fit_budget_time,
+            calibration_tokens, imatrix, threads, allow_requantize, as_json):
     """Quantise a GGUF written by `ggufbridge convert` (BF16/F16/F32) with the runtime's llama-quantize, and show
     what is quantised and what is not."""
     from ggufbridge.quant import format_quant_report
@@ -44,7 +50,9 @@ def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference
     res, chosen = quantize_gguf(src, dst, quant=quant, mix=mix, fit_bytes=fit_bytes, fit=fit_hw, ctx=ctx,
                                 calibration=calibration, reference=reference, mix_out=mix_out, work=work,
                                 imatrix=imatrix, threads=threads, allow_requantize=allow_requantize,
-                                progress=not as_json)
+                                progress=not as_json, fit_budget_time=fit_budget_time,
+                                calibration_tokens=calibration_tokens,
+                                report=lambda line: click.echo(line, err=True))
     if as_json:
         d = res.report.to_dict()
         d["chosen"] = [chosen] if chosen else None

@@ -292,8 +292,10 @@ def _hf_float32(path):
 
 def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = DEFAULT_CTX,
                 top_k: int = DEFAULT_TOP_K, samples: int = DEFAULT_SAMPLES, chunk: int | None = None,
-                floor: bool | None = None, hf_dtype: str = "float32", progress: bool = False, rows_out=None) -> dict:
-    """Write the top-K form of `model` on an eval set to `out` (see ggufbridge.compare.dump); returns its metadata."""
+                floor: bool | None = None, hf_dtype: str = "float32", progress: bool = False, rows_out=None,
+                n_gpu_layers: int = 0) -> dict:
+    """Write the top-K form of `model` on an eval set to `out` (see ggufbridge.compare.dump); returns its metadata.
+    `n_gpu_layers`: layers a gguf: model offloads (-1: all)."""
     from ggufbridge.compare.dump import DumpWriter
 
     model = localize(model, progress=progress)  # a hub model: downloaded first; the dump names its snapshot folder
@@ -306,7 +308,7 @@ def dump_logits(model: str, out, *, eval_path=None, text_path=None, ctx: int = D
         raise GGUFBridgeError(f"--top-k must be at least 5 (top-5 overlap needs it), found {top_k}")
     require_device_for(model)
     chunk = _cap_chunk(chunk, ctx)
-    with open_source(model, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype) as src:
+    with open_source(model, n_ctx=ctx, chunk=chunk or ctx, hf_dtype=hf_dtype, n_gpu_layers=n_gpu_layers) as src:
         chunk = chunk or default_chunk(src.vocab_size, ctx)
         rows, _ = _read_rows([src], eval_path, text_path, ctx)
         evalset.check_ids_fit(rows, src.vocab_size, src.spec)

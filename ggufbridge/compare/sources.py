@@ -151,7 +151,7 @@ class GGUFSource(Source):
     """llama.cpp through llama-cpp-python. Rows are decoded chunk by chunk with output for every position;
     only the current chunk's logits are copied out (Llama(logits_all=True) would keep n_ctx × vocab floats)."""
 
-    def __init__(self, path: Path, *, n_ctx: int, chunk: int):
+    def __init__(self, path: Path, *, n_ctx: int, chunk: int, n_gpu_layers: int = 0, n_threads: int | None = None):
         import llama_cpp
 
         path = Path(path)
@@ -167,6 +167,7 @@ class GGUFSource(Source):
         try:
             with quiet_native():
                 self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
+                                           n_gpu_layers=n_gpu_layers, n_threads=n_threads, n_threads_batch=n_threads,
                                            verbose=False)
         except ValueError as e:  # llama-cpp-python's only word for a model llama.cpp refused
             raise GGUFFileError(f"{path}: llama.cpp cannot load it ({e})") from None
@@ -287,12 +288,13 @@ class EXL3Source(Source):
             self.model = None
 
 
-def open_source(spec: str, *, n_ctx: int, chunk: int, hf_dtype: str = "float32") -> Source:
+def open_source(spec: str, *, n_ctx: int, chunk: int, hf_dtype: str = "float32", n_gpu_layers: int = 0) -> Source:
+    """`n_gpu_layers`: layers a gguf: model offloads (-1: all), where the runtime has a GPU backend."""
     kind, path = parse_spec(spec)
     if kind == "hf":
         return HFSource(path, hf_dtype)
     if kind == "gguf":
-        return GGUFSource(path, n_ctx=n_ctx, chunk=chunk)
+        return GGUFSource(path, n_ctx=n_ctx, chunk=chunk, n_gpu_layers=n_gpu_layers)
     if kind == "logits":
         return LogitsSource(path)
     if kind == "exl3":

@@ -54,6 +54,8 @@ def unit_options(sens: Sensitivity) -> dict[str, list[Option]]:
         ts = info["tensors"]
         opts = []
         for t in sens.types:
+            if t not in info["error"]:  # not possible for this unit (a type that needs an importance row it lacks)
+                continue
             b = sum(tensor_bytes(_final(t, sens.shapes[n]), tuple(sens.shapes[n]), align) for n in ts)
             opts.append(Option(t, b, sens.added_kl(u, t)))
         src_t = sens.source_types[ts[0]]
@@ -218,9 +220,12 @@ def default_calibration() -> Path:
 
 def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None = None, ctx: int | None = None,
                  calibration=None, reference: str | None = None, imatrix=None, work=None, mix_out=None,
-                 threads: int | None = None, progress: bool = False):
+                 threads: int | None = None, progress: bool = False, budget_s: float | None = None, report=None,
+                 calibration_tokens: int | None = None):
     """Measure (or reuse), allocate for the budget, write the mix to `mix_out`, quantise `src` into `dst`
-    (written directly; the caller renames). Returns (QuantResult, FitPlan, Sensitivity)."""
+    (written directly; the caller renames). Returns (QuantResult, FitPlan, Sensitivity). `budget_s` and `report`:
+    the measurement's time limit and where its cost estimate goes, `calibration_tokens` how many calibration
+    tokens it uses (ggufbridge.quant.sensitivity.measure)."""
     from ggufbridge.quant.quantize import quantize_file
     from ggufbridge.quant.sensitivity import measure
 
@@ -237,7 +242,8 @@ def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None
             raise QuantError(f"--fit-bytes {fit_bytes:,} does not even hold the smallest mix: its tensors alone need "
                              f"{floor:,} bytes, plus {context_bytes(src, ctx):,} for --ctx {ctx}")
     sens = measure(src, calibration or default_calibration(), work=work or default_work(), reference=reference,
-                   imatrix=imatrix, threads=threads, progress=progress)
+                   imatrix=imatrix, threads=threads, progress=progress, budget_s=budget_s, report=report,
+                   max_tokens=calibration_tokens)
     if hardware is not None:
         plan = plan_for_hardware(src, sens, hardware, ctx)
     else:

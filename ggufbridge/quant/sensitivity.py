@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import resource
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 CANDIDATE_TYPES = ("Q2_K", "Q3_K", "IQ3_S", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 IMATRIX_TYPES = ("IQ2_XS", "IQ2_S", "IQ3_XXS")
 PROBE_TYPE = "Q3_K"  # coarse enough that one unit's KL stands clear of the eval noise
-FORMAT = 1
+FORMAT = 2  # 2: probes of one unit in a split layout, errors from ggml in-process
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 # llama-quantize type argument for a mix whose bytes are mostly this tensor type (general.file_type)
 FILE_TYPE_OF = {"Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "IQ3_S": "IQ3_S", "IQ3_XXS": "IQ3_XXS", "IQ2_XS": "IQ2_XS",
@@ -167,26 +168,23 @@ def calibration_rows(src: Path, calibration, ctx: int, max_rows: int | None):
     return rows[:max_rows] if max_rows else rows
 
 
-def _errors(src: GGUFHeader, out_path: Path, names: list[str]) -> dict[str, float]:
-    """Squared error of each tensor of `out_path` against the source, after dequantising both."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
+MIN_TOKENS = 16  # fewer calibration tokens than this measure noise, not the units
+CALIBRATION_TOKENS = 128  # tokens the cost estimate times a pass on (warm-up included: every probe has one)
 
-    out = read_header(out_path)
-    errs = {}
-    for n in names:
-        a_raw, b_raw = src.tensor_blocks(n), out.tensor_blocks(n)
-        a_type, b_type = (GGMLQuantizationType[h.tensor(n).type] for h in (src, out))
-        total = 0.0
-        # one expert (outermost slice) at a time: memory stays at one matrix even for the 35B's stacked experts
-        slices = range(a_raw.shape[0]) if a_raw.ndim >= 3 else [slice(None)]
-        for i in slices:
-            a = dequantize(np.asarray(a_raw[i]), a_type).astype(np.float32).ravel()
-            b = dequantize(np.asarray(b_raw[i]), b_type).astype(np.float32).ravel()
-            d = a - b
-            total += float(np.dot(d, d))
-        errs[n] = total
-    return errs
+
+def first_tokens(rows, n: int | None):
+    """The first `n` tokens of the calibration rows (the last row kept cut short); all of them when n is None."""
+    from ggufbridge.compare.evalset import Row
+
+    if n is None:
+        return rows
+    out, left = [], n
+    for r in rows:
+        if left <= 0:
+            break
+        out.append(r if len(r.ids) <= left else Row(tuple(r.ids[:left]), r.kind, None))
+        left -= len(r.ids)
+    return out
 
 
 def _peak_rss_mib() -> float:
@@ -195,20 +193,307 @@ def _peak_rss_mib() -> float:
     return max(own, kids) / 1024  # kB on Linux
 
 
+
+# ------------------------------------------------------------------------------------------ one unit, in-process
+
+SLAB = 1 << 22  # source weights converted to float32 at a time (16 MiB): memory stays flat for any tensor
+# weights of a tensor quantised at every candidate type (the probe type sees all): 512 blocks of 256. At
+# ~4 µs per weight for the eight types together (IQ3_S alone ~2 µs), the full tensors would cost more than every
+# probe together; the per-type mean error of 512 blocks is within a few per cent (test_quant_probe).
+ERROR_SAMPLE = 1 << 17
+
+
+def importance(imatrix) -> dict[str, np.ndarray]:
+    """Per weight tensor, its importance rows [matrices, inputs] as llama-quantize loads them (sums / count; a
+    matrix that saw no token gets 1, tools/quantize/quantize.cpp:196-215)."""
+    if imatrix is None:
+        return {}
+    from ggufbridge.quant.coverage import read_entries
+
+    out = {}
+    for name, e in read_entries(imatrix)[0].items():
+        c = e.counts.astype(np.float32).reshape(-1, 1)
+        out[name] = np.where(c > 0, e.sums.astype(np.float32) / np.where(c > 0, c, 1), np.float32(1))
+    return out
+
+
+def _slabs(header: GGUFHeader, name: str):
+    """(matrix index, first row, raw rows [r, row bytes]) of a 2-D or stacked 3-D tensor, SLAB weights at a time."""
+    t = header.tensor(name)
+    blocks = header.tensor_blocks(t)
+    mats = blocks.reshape(-1, *blocks.shape[-2:]) if blocks.ndim >= 3 else blocks.reshape(1, *blocks.shape[-2:])
+    step = max(1, SLAB // t.shape[0])
+    for m in range(mats.shape[0]):
+        for a in range(0, mats.shape[1], step):
+            yield m, a, mats[m, a:a + step]
+
+
+def _sample_plan(shape, sample: int) -> list[tuple[int, slice]]:
+    """About `sample` weights of a tensor of ggml `shape` as (matrix index, row slice): spread evenly over its
+    matrices (experts) and rows, the same rows for every type, so the types' errors are compared on equal terms."""
+    n_per_row, n_rows = shape[0], shape[1]
+    n_mat = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    want = max(1, sample // n_per_row)  # rows in all
+    mat_step = max(1, n_mat // want)
+    mats = range(0, n_mat, mat_step)
+    per = max(1, want // len(mats))
+    step = max(1, n_rows // per)
+    return [(m, slice(0, step * per, step)) for m in mats]
+
+
+def _sample_rows(header: GGUFHeader, name: str, sample: int):
+    t = header.tensor(name)
+    blocks = header.tensor_blocks(t)
+    mats = blocks.reshape(-1, *blocks.shape[-2:]) if blocks.ndim >= 3 else blocks.reshape(1, *blocks.shape[-2:])
+    for m, rows in _sample_plan(t.shape, sample):
+        yield m, np.asarray(mats[m, rows])
+
+
+def unit_errors(q, header: GGUFHeader, names: list[str], types, keep: str | None = None,
+                imatrix: dict[str, np.ndarray] | None = None, sample: int | None = None):
+    """Squared error (summed over the unit's weights) of every type, each tensor quantised by llama.cpp's own
+    routine as llama-quantize would (row-length fallback included), and the bytes of type `keep` per tensor
+    ({name: (final type, bytes)}) for the probe.
+
+    With `sample`, a tensor larger than that is quantised at every type on about `sample` of its weights (rows
+    spread over its experts), and only at `keep` in full: a type's error is then the sampled error scaled by
+    the ratio of `keep`'s full error to its sampled one (without `keep`: by the weights' ratio). The error of a
+    block depends on the block alone, so a few hundred blocks estimate a type's mean error to a few per cent."""
+    from ggufbridge.quant.ggmlq import row_bytes
+
+    err = {t: 0.0 for t in types}
+    kept: dict[str, tuple[str, np.ndarray]] = {}
+
+    def sq(t, f, im):
+        b = q.quantize(t, f, im)
+        d = q.to_float(t, b, f.size)
+        d -= f.reshape(-1)
+        return float(np.dot(d, d)), b
+
+    for n in names:
+        info = header.tensor(n)
+        n_per_row = info.shape[0]
+        final = {t: qt.fit_row(t, n_per_row) for t in types}
+        im = (imatrix or {}).get(n)
+        if im is not None and im.size != n_per_row * (info.shape[2] if len(info.shape) > 2 else 1):
+            im = None  # llama-quantize refuses this, except for token_embd; the planner's check is its own
+
+        if im is None and any(final[t] in qt.NEEDS_IMATRIX for t in types):
+            # ggml_quantize_chunk aborts the process without one (ggml.c: GGML_ASSERT(imatrix != NULL)), and
+            # llama-quantize refuses the tensor: those types are no option for this unit
+            types = [t for t in types if final[t] not in qt.NEEDS_IMATRIX]
+            for t in [t for t in err if t not in types]:
+                err.pop(t)
+
+        def rows_f32(raw):
+            return q.to_float(info.type, np.asarray(raw), raw.shape[0] * n_per_row).reshape(raw.shape[0], n_per_row)
+
+        full = sample is None or info.n_elements <= sample
+        full_types = list(types) if full else ([keep] if keep is not None else [])
+        tensor_err = {t: 0.0 for t in full_types}
+        parts = []
+        for m, _, raw in _slabs(header, n) if full_types else ():
+            f = rows_f32(raw)
+            for t in full_types:
+                e, b = sq(final[t], f, None if im is None else im[m])
+                tensor_err[t] += e
+                if t == keep:
+                    parts.append(b)
+        if not full:
+            part = {t: 0.0 for t in types}
+            n_sampled = 0
+            for m, raw in _sample_rows(header, n, sample):
+                f = rows_f32(raw)
+                n_sampled += f.size
+                for t in types:
+                    part[t] += sq(final[t], f, None if im is None else im[m])[0]
+            if keep is not None and part[keep] > 0:
+                scale = tensor_err[keep] / part[keep]
+            else:
+                scale = info.n_elements / n_sampled
+            for t in types:
+                tensor_err[t] = tensor_err[keep] if t == keep else part[t] * scale
+        for t in types:
+            err[t] += tensor_err[t]
+        if keep is not None:
+            data = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            assert data.size == row_bytes(final[keep], n_per_row) * (info.n_elements // n_per_row)
+            kept[n] = (final[keep], data)
+    return err, kept
+
+
+def sampled_weights(header: GGUFHeader, names, sample: int | None) -> int:
+    """Weights `unit_errors` quantises at every type (the rest only at the probe type)."""
+    total = 0
+    for n in names:
+        info = header.tensor(n)
+        if sample is None or info.n_elements <= sample:
+            total += info.n_elements
+        else:
+            total += sum(len(range(info.shape[1])[rows]) * info.shape[0] for _, rows in _sample_plan(info.shape,
+                                                                                                     sample))
+    return total
+
+
+# ---------------------------------------------------------------------------------------------- measurements
+
+
+class Measurements:
+    """`measurements.jsonl` in the measurement's folder: one line per finished step, appended and flushed as each
+    finishes, so an interrupted run resumes from them (the folder is keyed by source, rows, reference, imatrix,
+    types and probe type: nothing else can have written it)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.base: float | None = None
+        self.units: dict[str, dict] = {}
+        if path.is_file():
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue  # the line a killed run was writing
+                if not isinstance(d, dict):
+                    continue
+                if d.get("kind") == "base" and isinstance(d.get("kl"), (int, float)):
+                    self.base = float(d["kl"])
+                elif (d.get("kind") == "unit" and isinstance(d.get("unit"), str)
+                      and isinstance(d.get("probe_kl"), (int, float)) and isinstance(d.get("error"), dict)):
+                    self.units[d["unit"]] = {"probe_kl": float(d["probe_kl"]),
+                                             "error": {str(k): float(v) for k, v in d["error"].items()}}
+
+    def add(self, d: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(d) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+
+
+def _time_copy(src: GGUFHeader, work: Path) -> float:
+    """Seconds per byte to copy source tensor data into the work folder (64 MiB, or the whole data if smaller)."""
+    n = min(64 << 20, src.file_bytes - src.data_start)
+    tmp = work / "copy-timing.part"
+    t0 = time.perf_counter()
+    with open(src.path, "rb") as f, open(tmp, "wb") as g:
+        f.seek(src.data_start)
+        g.write(f.read(n))
+    dt = time.perf_counter() - t0
+    tmp.unlink(missing_ok=True)
+    return dt / max(1, n)
+
+
+def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tuple[float, float, float]:
+    """(load seconds, seconds per token, of which the KL's share) of one llama.cpp pass over calibration rows
+    with the KL against a top-K reference, timed on the source over its first CALIBRATION_TOKENS tokens (a
+    second load: the first one may read the file from disk)."""
+    from ggufbridge.compare.metrics import chunk_stats, topk_form
+    from ggufbridge.compare.run import default_chunk
+    from ggufbridge.compare.sources import GGUFSource
+
+    def load():
+        t0 = time.perf_counter()
+        s = GGUFSource(src, n_ctx=ctx, chunk=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads)
+        return s, time.perf_counter() - t0
+
+    s, _ = load()
+    s.close()
+    s, load_s = load()
+    try:
+        chunk = default_chunk(s.vocab_size, ctx)
+        rates = []
+        rng = np.random.default_rng(0)
+        for i, row in enumerate(first_tokens(rows, CALIBRATION_TOKENS)):
+            t0 = time.perf_counter()
+            pos, kl_s, ref_s = 0, 0.0, 0.0
+            for c in s.chunks(i, row, chunk):
+                t1 = time.perf_counter()
+                labels = row.labels[pos:pos + c.n]
+                ref = topk_form(c.logits, 64, labels, 32, rng)  # a probe reads this from the dump instead
+                t2 = time.perf_counter()
+                chunk_stats(ref, c, labels)
+                ref_s += t2 - t1
+                kl_s += time.perf_counter() - t2
+                pos += c.n
+            rates.append((time.perf_counter() - t0 - ref_s, kl_s, len(row.ids)))
+    finally:
+        s.close()
+    # every probe loads a fresh model, so its first row's warm-up is part of the rate
+    n = max(1, sum(r[2] for r in rates))
+    return load_s, sum(r[0] for r in rates) / n, sum(r[1] for r in rates) / n
+
+
+def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types, probe_type: str):
+    """(seconds per weight at every type, at the probe type alone): quantise, dequantise and compare one slab of
+    the largest tensor (about 1 M weights)."""
+    from ggufbridge.quant.ggmlq import type_id as ggmlq_type_id
+
+    name = max((n for ts in units.values() for n in ts), key=lambda n: header.tensor(n).n_elements)
+    info = header.tensor(name)
+    _, _, raw = next(_slabs(header, name))
+    rows = max(1, min(raw.shape[0], (1 << 20) // info.shape[0]))
+    raw = np.asarray(raw[:rows])
+    per = {}
+    for t in types:
+        q.L.ggml_quantize_init(ggmlq_type_id(t))  # the IQ grids are built once per process: not per weight
+    for t in types:
+        t0 = time.perf_counter()
+        f = q.to_float(info.type, raw, rows * info.shape[0]).reshape(rows, info.shape[0])
+        b = q.quantize(qt.fit_row(t, info.shape[0]), f)
+        d = q.to_float(qt.fit_row(t, info.shape[0]), b, f.size)
+        d -= f.reshape(-1)
+        float(np.dot(d, d))
+        per[t] = (time.perf_counter() - t0) / f.size
+    return sum(per.values()), per[probe_type]
+
+
+def _measure_header(src: Path, header: GGUFHeader, work: Path, imatrix, threads, runtime) -> HeaderModel:
+    """The KV section llama-quantize writes for this source: measured on one of its outputs (every tensor kept at
+    its source type: a copy, no quantisation)."""
+    from ggufbridge.quant.quantize import quantize_file
+
+    out = work / "header.gguf"
+    keep = source_types(header)
+    rec = exact_mix("fit-header", header, keep, "Q8_0")
+    try:
+        quantize_file(src, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
+        return HeaderModel.measure(out)
+    finally:
+        out.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------------------ measure
+
+
 def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 256, max_rows: int | None = 16,
             imatrix=None, types: tuple[str, ...] | None = None, probe_type: str = PROBE_TYPE,
-            threads: int | None = None, progress: bool = False, runtime=None) -> Sensitivity:
+            threads: int | None = None, progress: bool = False, runtime=None, budget_s: float | None = None,
+            report=None, n_gpu_layers: int | None = None, max_tokens: int | None = None) -> Sensitivity:
     """Measure (or load from `work`) the sensitivity of every unit of the unquantised GGUF `src`.
 
     reference: `hf:DIR`, `logits:FILE` (a dump-logits file made on the same rows) or `gguf:FILE`; default the
     source itself. It is dumped once (top-64 + 32 samples) into `work`, so each probe costs one llama.cpp pass.
+    Each probe quantises only its unit (ggufbridge.quant.ggmlq) and evaluates the source with that unit swapped
+    in (ggufbridge.quant.probe). `max_tokens`: only the first calibration tokens (cheaper, noisier). Before the
+    work starts, the cost is measured and given to `report` (a callable taking a line; ggufbridge.quant.cost);
+    with `budget_s`, fewer calibration tokens are used when the estimate is over it, and the run is refused
+    when even MIN_TOKENS would not fit. Finished steps are recorded in
+    the measurement's folder and an interrupted run resumes from them. `n_gpu_layers`: None offloads every layer
+    when the runtime has a GPU backend.
     """
     from tqdm import tqdm
 
     from ggufbridge.compare import evalset
-    from ggufbridge.compare.run import compare, dump_logits
-    from ggufbridge.quant.quantize import quantize_file
+    from ggufbridge.compare.run import dump_logits
+    from ggufbridge.quant.cost import CostModel, human_time
+    from ggufbridge.quant.ggmlq import Quantiser
+    from ggufbridge.quant.probe import Evaluator, ProbeModel, gpu_layers
+    from ggufbridge.quant.quantize import _default_threads
 
+    t_start = time.perf_counter()
+    say = report or (lambda line: log.info("%s", line))
     src = Path(src)
     header = read_header(src)
     if header.kv.get("general.architecture") != "qwen35moe":
@@ -224,78 +509,147 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         raise QuantError(f"types {', '.join(bad)} need an importance matrix (--imatrix)")
     if probe_type not in types:
         raise QuantError(f"the probe type {probe_type} must be among the candidate types {', '.join(types)}")
+    if budget_s is not None and budget_s <= 0:
+        raise QuantError(f"--fit-budget-time must be positive, found {budget_s}")
     imatrix = str(Path(imatrix)) if imatrix is not None else None
-    rows = calibration_rows(src, calibration, ctx, max_rows)
+    threads = threads or _default_threads()
+    n_gpu_layers = gpu_layers() if n_gpu_layers is None else n_gpu_layers
+    if max_tokens is not None and max_tokens < MIN_TOKENS:
+        raise QuantError(f"--calibration-tokens must be at least {MIN_TOKENS}, found {max_tokens}")
+    rows = first_tokens(calibration_rows(src, calibration, ctx, max_rows), max_tokens)
     # the source as its own reference is keyed by its content (already in the key), not by where it lies: the
     # same file at another path (convert --fit-bytes's intermediate, a copy) reuses the measurement
     ref_key = reference or "source"
     reference = reference or f"gguf:{src}"
-    key = _digest(FORMAT, _file_id(src), evalset.set_hash(rows), ref_key, imatrix and _file_id(Path(imatrix)),
-                  ",".join(types), probe_type, ctx)
-    # the reference dump depends on the rows and the reference only: shared by measurements of other types
-    ref_file = Path(work) / f"reference-{_digest(_file_id(src), evalset.set_hash(rows), ref_key, ctx)}.safetensors"
-    work = Path(work) / key
-    cached = work / "sensitivity.json"
-    if cached.is_file():
-        log.info("sensitivity: reusing %s", cached)
-        return Sensitivity.from_json(json.loads(cached.read_text()))
-    work.mkdir(parents=True, exist_ok=True)
-    rows_path = work / "calibration.jsonl"
-    evalset.write_rows(rows, rows_path)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if reference.startswith("logits:"):
-        ref_spec = reference
-    else:
-        if not ref_file.is_file():
-            tmp = work / "reference.part.safetensors"
-            dump_logits(reference, tmp, eval_path=rows_path, ctx=ctx, top_k=64, samples=32, floor=False)
-            os.replace(tmp, ref_file)
-        ref_spec = f"logits:{ref_file}"
-    timings["reference_s"] = time.perf_counter() - t0
+    src_id = _file_id(src)
+    im_id = imatrix and _file_id(Path(imatrix))
 
+    def key_of(rows):
+        return _digest(FORMAT, src_id, evalset.set_hash(rows), ref_key, im_id, ",".join(types), probe_type, ctx)
+
+    def cached(rows) -> Sensitivity | None:
+        p = Path(work) / key_of(rows) / "sensitivity.json"
+        if p.is_file():
+            say(f"sensitivity pass: reusing {p}")
+            return Sensitivity.from_json(json.loads(p.read_text()))
+        return None
+
+    found = cached(rows)
+    if found is not None:
+        return found
     units = units_of(header)
-    shapes = {t.name: list(t.shape) for t in header.tensors}
-    keep = source_types(header)
-    error: dict[str, dict[str, float]] = {u: {} for u in units}
-    header_model = None
-    t0 = time.perf_counter()
-    names = [n for ts in units.values() for n in ts]
-    for t in tqdm(types, desc="quantisation error per type", disable=not progress, unit="type"):
-        out = work / f"uniform-{t}.gguf"
-        rec = exact_mix("fit-uniform-" + t, header, {n: t for n in names}, FILE_TYPE_OF.get(t, "Q8_0"))
-        quantize_file(src, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
-        if header_model is None:
-            header_model = HeaderModel.measure(out)
-        errs = _errors(header, out, names)
-        for u, ts in units.items():
-            error[u][t] = sum(errs[n] for n in ts)
-        out.unlink()
-    # the source type itself: no error
-    timings["quantisation_error_s"] = time.perf_counter() - t0
+    Path(work).mkdir(parents=True, exist_ok=True)
 
-    t0 = time.perf_counter()
-    base = compare(ref_spec, [f"gguf:{src}"], eval_path=rows_path, ctx=ctx).results[0].summary["kl_mean"]
-    probe_kl: dict[str, float] = {}
-    for u, ts in tqdm(units.items(), desc="sensitivity probes", disable=not progress, unit="unit"):
-        out = work / "probe.gguf"
-        rec = exact_mix("fit-probe", header, {**keep, **{n: probe_type for n in ts}},
-                           FILE_TYPE_OF.get(probe_type, "Q8_0"))
-        quantize_file(src, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
-        probe_kl[u] = compare(ref_spec, [f"gguf:{out}"], eval_path=rows_path, ctx=ctx).results[0].summary["kl_mean"]
-        out.unlink()
-        log.info("sensitivity %s: KL %.5f at %s", u, probe_kl[u], probe_type)
-    timings["probes_s"] = time.perf_counter() - t0
-    timings["probes"] = len(units)
-    timings["peak_rss_mib"] = _peak_rss_mib()
+    # --- the cost, measured here before anything long runs
+    q = Quantiser(threads)
+    try:
+        t0 = time.perf_counter()
+        load_s, token_s, kl_token_s = _time_pass(src, rows, ctx, n_gpu_layers, threads)
+        element_s, probe_element_s = _time_quantisation(q, header, units, types, probe_type)
+        byte_s = _time_copy(header, Path(work))
+
+        def ref_file_of(rows):
+            return Path(work) / (f"reference-{_digest(src_id, evalset.set_hash(rows), ref_key, ctx)}"
+                                 ".safetensors")
+
+        def cost_for(rows) -> CostModel:
+            m = Measurements(Path(work) / key_of(rows) / "measurements.jsonl")
+            left = [u for u in units if u not in m.units]
+            return CostModel(
+                units=len(left), rows=len(rows), tokens=sum(len(r.ids) for r in rows),
+                elements=sum(header.tensor(n).n_elements for u in left for n in units[u]),
+                sampled=sum(sampled_weights(header, units[u], ERROR_SAMPLE) for u in left), types=len(types),
+                source_bytes=header.file_bytes, load_s=load_s, token_s=token_s, kl_token_s=kl_token_s,
+                element_s=element_s,
+                probe_element_s=probe_element_s, byte_s=byte_s,
+                reference_passes=0 if reference.startswith("logits:") or ref_file_of(rows).is_file() else 1,
+                spent_s=time.perf_counter() - t_start, device="GPU" if n_gpu_layers else "CPU",
+                done=len(m.units))
+
+        cost = cost_for(rows)
+        if budget_s is not None and cost.total() > budget_s:
+            k = cost.tokens_for(budget_s)
+            if k < MIN_TOKENS:
+                say(cost.describe())
+                raise QuantError(
+                    f"the sensitivity pass would take about {human_time(cost.total(MIN_TOKENS))} here even on "
+                    f"{MIN_TOKENS} calibration tokens ({cost.units} units), over --fit-budget-time "
+                    f"{human_time(budget_s)}: allow more time, use a machine with a GPU, or a fixed mix (--mix hq4)")
+            say(f"--fit-budget-time {human_time(budget_s)}: the full calibration ({cost.tokens:,} tokens) would take "
+                f"about {human_time(cost.total())}; measuring on the first {k:,} tokens")
+            rows = first_tokens(rows, k)
+            found = cached(rows)
+            if found is not None:
+                return found
+            cost = cost_for(rows)
+        timings: dict[str, float] = {"calibration_s": time.perf_counter() - t0}
+        say(cost.describe())
+
+        key = key_of(rows)
+        ref_file = ref_file_of(rows)
+        work = Path(work) / key
+        work.mkdir(parents=True, exist_ok=True)
+        done = Measurements(work / "measurements.jsonl")
+        rows_path = work / "calibration.jsonl"
+        evalset.write_rows(rows, rows_path)
+        t0 = time.perf_counter()
+        if reference.startswith("logits:"):
+            ref_spec = reference
+        else:
+            if not ref_file.is_file():
+                tmp = work / "reference.part.safetensors"
+                dump_logits(reference, tmp, eval_path=rows_path, ctx=ctx, top_k=64, samples=32, floor=False,
+                            progress=progress, n_gpu_layers=n_gpu_layers)
+                os.replace(tmp, ref_file)
+            ref_spec = f"logits:{ref_file}"
+        timings["reference_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        header_model = _measure_header(src, header, work, imatrix, threads, runtime)
+        layout = ProbeModel(src, units, work / "probe")
+        layout.build()
+        timings["layout_s"] = time.perf_counter() - t0
+
+        shapes = {t.name: list(t.shape) for t in header.tensors}
+        keep = source_types(header)
+        im = importance(imatrix)
+        t0 = time.perf_counter()
+        with Evaluator(ref_spec, rows, ctx, n_gpu_layers, threads) as ev:
+            if done.base is None:
+                done.base = ev.kl(src)
+                done.add({"kind": "base", "kl": done.base})
+            timings["base_pass_s"] = time.perf_counter() - t0
+            err_s = probe_s = 0.0
+            todo = [u for u in units if u not in done.units]
+            for u in tqdm(todo, desc="sensitivity (quantise + probe per unit)", unit="unit", disable=not progress):
+                t1 = time.perf_counter()
+                err, kept = unit_errors(q, header, units[u], types, keep=probe_type, imatrix=im,
+                                        sample=ERROR_SAMPLE)
+                path = layout.write_probe(u, kept)
+                t2 = time.perf_counter()
+                with layout.swapped(u, path) as model:
+                    kl = ev.kl(model)
+                path.unlink()
+                err_s += t2 - t1
+                probe_s += time.perf_counter() - t2
+                done.units[u] = {"probe_kl": kl, "error": err}
+                done.add({"kind": "unit", "unit": u, "probe_kl": kl, "error": err})
+                log.info("sensitivity %s: KL %.5f at %s", u, kl, probe_type)
+    finally:
+        q.close()
+    timings.update({"quantisation_error_s": err_s, "probes_s": probe_s, "probes": len(todo),
+                    "estimate_s": cost.total(), "cost": cost.to_json(), "measured_s": time.perf_counter() - t_start,
+                    "peak_rss_mib": _peak_rss_mib()})
     sens = Sensitivity(
         source=str(src), key=key, reference=reference, calibration=str(calibration),
-        n_tokens=sum(len(r.ids) for r in rows), probe_type=probe_type, types=list(types), base_kl=base,
-        units={u: {"tensors": ts, "probe_kl": probe_kl[u], "error": error[u]} for u, ts in units.items()},
+        n_tokens=sum(len(r.ids) for r in rows), probe_type=probe_type, types=list(types), base_kl=done.base,
+        units={u: {"tensors": ts, **done.units[u]} for u, ts in units.items()},
         shapes=shapes, source_types=keep,
         all_types={t.name: t.type for t in header.tensors}, header=asdict(header_model), imatrix=imatrix,
         timings=timings)
-    tmp = cached.with_suffix(".part")
+    cached_path = work / "sensitivity.json"
+    tmp = cached_path.with_suffix(".part")
     tmp.write_text(json.dumps(sens.to_json(), indent=1))
-    os.replace(tmp, cached)
+    os.replace(tmp, cached_path)
+    shutil.rmtree(work / "probe", ignore_errors=True)  # a copy of the source: not kept once measured
     return sens

@@ -1,0 +1,253 @@
+"""Probe models whose cost follows the probed unit, not the model: llama.cpp evaluates the source with one unit's
+tensors swapped for their quantised form, and nothing else is rewritten.
+
+The source is laid out once as a *split* GGUF (the layout `gguf-split` writes and llama.cpp loads,
+src/llama-model-loader.cpp:594-671 of the pinned tree): split 1 holds every KV pair of the source and every tensor
+outside the units; split i + 1 holds unit i's tensors. The splits llama.cpp opens are symbolic links in one
+folder (`probe-0000K-of-0000N.gguf`), each pointing at the unit's source-type file; a probe re-points one link at
+that unit's quantised file (written once, from the bytes `ggufbridge.quant.ggmlq` made) and loads the model
+again: the mapped source pages stay in the page cache, only the unit's pages are new. The model llama.cpp builds
+is the one a whole-model llama-quantize with the same per-tensor types would write (same types, same bytes), so
+its logits are the same (tests/test_quant_probe.py compares the two KLs).
+
+The evaluation reuses what does not change between probes: the tokenised calibration rows and the reference
+(a `dump-logits` file, opened once). KL is computed by the same code as `ggufbridge compare`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType
+
+from ggufbridge.errors import QuantError
+from ggufbridge.ggufio.reader import GGUFHeader, TensorInfo, read_header
+from ggufbridge.ggufio.writer import _str
+
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+_COPY = 64 << 20  # bytes per read when copying source tensors
+
+
+def _kv_u16(key: str, v: int) -> bytes:
+    return _str(key) + struct.pack("<IH", GGUFValueType.UINT16, v)
+
+
+def _kv_i32(key: str, v: int) -> bytes:
+    return _str(key) + struct.pack("<Ii", GGUFValueType.INT32, v)
+
+
+def _kv_u32(key: str, v: int) -> bytes:
+    return _str(key) + struct.pack("<II", GGUFValueType.UINT32, v)
+
+
+def _info_bytes(name: str, shape, type_id: int, offset: int) -> bytes:
+    return _str(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack(
+        "<IQ", type_id, offset)
+
+
+def _kv_section(h: GGUFHeader) -> tuple[int, bytes]:
+    """(count, raw bytes) of the source's KV pairs: copied verbatim into split 1 (vocabulary and all)."""
+    infos = sum(len(_info_bytes(t.name, t.shape, 0, 0)) for t in h.tensors)
+    start, end = 24, h.header_end - infos
+    with open(h.path, "rb") as f:
+        head = f.read(24)
+        magic, version, n_tensors, n_kv = struct.unpack("<IIQQ", head)
+        if magic != GGUF_MAGIC or version != 3 or n_tensors != len(h.tensors):
+            raise QuantError(f"{h.path}: not a little-endian GGUF v3 file (the probe layout copies its header)")
+        f.seek(start)
+        raw = f.read(end - start)
+    if any("\ufffd" in t.name for t in h.tensors) or len(raw) != end - start:
+        raise QuantError(f"{h.path}: tensor names that are not UTF-8; cannot lay it out for probes")
+    return n_kv, raw
+
+
+def _pad(n: int, align: int) -> int:
+    return (-n) % align
+
+
+def _write_split(path: Path, *, kv_raw: bytes, n_kv: int, idx: int, count: int, n_tensors_total: int,
+                 tensors: list[tuple[str, tuple[int, ...], int, object]], align: int) -> None:
+    """One split file. `tensors`: (name, ggml shape, ggml type id, data) where data is a numpy uint8 array or a
+    callable writing the bytes to a file object."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    kv = kv_raw + _kv_u16(SPLIT_NO, idx) + _kv_u16(SPLIT_COUNT, count) + _kv_i32(SPLIT_TENSORS, n_tensors_total)
+    n_kv += 3
+    if idx > 0 and align != GGUF_DEFAULT_ALIGNMENT:
+        kv += _kv_u32("general.alignment", align)
+        n_kv += 1
+    infos, offset, sizes = [], 0, []
+    for name, shape, tid, _ in tensors:
+        block, bsize = GGML_QUANT_SIZES[GGMLQuantizationType(tid)]
+        n = int(np.prod(shape)) // block * bsize
+        infos.append(_info_bytes(name, shape, tid, offset))
+        sizes.append(n)
+        offset += n + _pad(n, align)
+    head = struct.pack("<IIQQ", GGUF_MAGIC, 3, len(tensors), n_kv) + kv + b"".join(infos)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        f.write(head + b"\0" * _pad(len(head), align))
+        for (name, _, _, data), n in zip(tensors, sizes):
+            if callable(data):
+                data(f)
+            else:
+                b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+                if b.size != n:
+                    raise QuantError(f"internal: {name} has {b.size} bytes, its type needs {n}")
+                f.write(memoryview(b))
+            f.write(b"\0" * _pad(n, align))
+    os.replace(tmp, path)
+
+
+def _copier(src: Path, start: int, n: int):
+    def write(f):
+        with open(src, "rb") as s:
+            s.seek(start)
+            left = n
+            while left:
+                b = s.read(min(_COPY, left))
+                if not b:
+                    raise QuantError(f"{src}: truncated tensor data")
+                f.write(b)
+                left -= len(b)
+    return write
+
+
+def _split_name(folder: Path, i: int, n: int) -> Path:
+    return folder / f"probe-{i + 1:05d}-of-{n:05d}.gguf"  # llama_split_path's pattern (src/llama.cpp)
+
+
+class ProbeModel:
+    """The split layout of `src` for the units (unit → its tensor names), in `folder`."""
+
+    def __init__(self, src: Path, units: dict[str, list[str]], folder: Path):
+        from gguf import GGMLQuantizationType
+
+        self.src, self.folder = Path(src), Path(folder)
+        self.header = h = read_header(src)
+        self.units = list(units)
+        self.unit_tensors = {u: list(ts) for u, ts in units.items()}
+        self.n = len(self.units) + 1
+        if self.n > 65535:
+            raise QuantError(f"{len(self.units)} units: more than a split GGUF can hold")
+        self.align = int(h.kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+        self.n_kv, self.kv_raw = _kv_section(h)
+        self._tid = lambda t: int(GGMLQuantizationType[t])
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.main = _split_name(self.folder, 0, self.n)
+
+    def _source_file(self, i: int) -> Path:
+        return self.folder / f"unit-{i:05d}.src.gguf"
+
+    def probe_file(self, unit: str) -> Path:
+        return self.folder / f"unit-{self.units.index(unit) + 1:05d}.probe.gguf"
+
+    def _info(self, name: str) -> TensorInfo:
+        return self.header.tensor(name)
+
+    def _source_tensors(self, names) -> list:
+        h = self.header
+        return [(n, tuple(h.tensor(n).shape), self._tid(h.tensor(n).type),
+                 _copier(h.path, h.data_start + h.tensor(n).offset, h.tensor(n).nbytes)) for n in names]
+
+    def build(self) -> None:
+        """Write split 1 and each unit's source-type split (skipped where a complete one is there: a resumed run)
+        and point every link at the source."""
+        in_units = {n for ts in self.unit_tensors.values() for n in ts}
+        total = len(self.header.tensors)
+        rest = [t.name for t in self.header.tensors if t.name not in in_units]
+        main_data = self.folder / "main.gguf"
+        if not main_data.is_file():
+            _write_split(main_data, kv_raw=self.kv_raw, n_kv=self.n_kv, idx=0, count=self.n, n_tensors_total=total,
+                         tensors=self._source_tensors(rest), align=self.align)
+        self._link(self.main, main_data)
+        for i, u in enumerate(self.units, start=1):
+            f = self._source_file(i)
+            if not f.is_file():
+                _write_split(f, kv_raw=b"", n_kv=0, idx=i, count=self.n, n_tensors_total=total,
+                             tensors=self._source_tensors(self.unit_tensors[u]), align=self.align)
+            self._link(_split_name(self.folder, i, self.n), f)
+
+    def write_probe(self, unit: str, data: dict[str, tuple[str, np.ndarray]]) -> Path:
+        """Unit's split with each tensor as (type, bytes)."""
+        i = self.units.index(unit) + 1
+        ts = [(n, tuple(self._info(n).shape), self._tid(data[n][0]), data[n][1]) for n in self.unit_tensors[unit]]
+        path = self.probe_file(unit)
+        _write_split(path, kv_raw=b"", n_kv=0, idx=i, count=self.n, n_tensors_total=len(self.header.tensors),
+                     tensors=ts, align=self.align)
+        return path
+
+    @staticmethod
+    def _link(link: Path, target: Path) -> None:
+        tmp = link.with_name(link.name + ".lnk")
+        tmp.unlink(missing_ok=True)
+        os.symlink(target.name, tmp)
+        os.replace(tmp, link)
+
+    @contextlib.contextmanager
+    def swapped(self, unit: str, path: Path | None = None):
+        """The model with `unit` read from `path` (default its probe file); the link is restored after."""
+        i = self.units.index(unit) + 1
+        link = _split_name(self.folder, i, self.n)
+        self._link(link, path or self.probe_file(unit))
+        try:
+            yield self.main
+        finally:
+            self._link(link, self._source_file(i))
+
+
+def gpu_layers() -> int:
+    """Every layer on the GPU when the runtime has a GPU device (CUDA, Metal, ...), else 0."""
+    from ggufbridge.quant.ggmlq import has_gpu
+
+    return -1 if has_gpu() else 0
+
+
+class Evaluator:
+    """KL of models against one reference on fixed calibration rows; the rows and the reference stay open."""
+
+    def __init__(self, ref_spec: str, rows, ctx: int, n_gpu_layers: int | None = None, threads: int | None = None):
+        from ggufbridge.compare.run import default_chunk
+        from ggufbridge.compare.sources import open_source
+
+        self.rows, self.ctx = rows, ctx
+        self._stack = contextlib.ExitStack()
+        self.ref = self._stack.enter_context(open_source(ref_spec, n_ctx=ctx, chunk=ctx))
+        self.chunk = default_chunk(self.ref.vocab_size, ctx)
+        self.n_gpu_layers = gpu_layers() if n_gpu_layers is None else n_gpu_layers
+        self.threads = threads
+        check = getattr(self.ref, "check_rows", None)
+        if check is not None:
+            check(rows)
+        self.last_timing: dict[str, float] = {}
+
+    def kl(self, model: Path, rows=None) -> float:
+        """Mean KL(reference → model) over the rows (the first `rows` of them when given), as compare reports it."""
+        from ggufbridge.compare.run import _compare_one
+        from ggufbridge.compare.sources import GGUFSource
+
+        rows = self.rows if rows is None else self.rows[:rows]
+        t0 = time.perf_counter()
+        with GGUFSource(Path(model), n_ctx=self.ctx, chunk=self.chunk, n_gpu_layers=self.n_gpu_layers,
+                        n_threads=self.threads) as cand:
+            t1 = time.perf_counter()
+            if cand.vocab_size != self.ref.vocab_size:
+                raise QuantError(f"{model}: vocabulary of {cand.vocab_size}, the reference has {self.ref.vocab_size}")
+            acc = _compare_one(self.ref, cand, rows, self.chunk, False, "probe")
+        t2 = time.perf_counter()
+        self.last_timing = {"load_s": t1 - t0, "eval_s": t2 - t1, "tokens": sum(len(r.ids) for r in rows)}
+        return float(acc.summary()["kl_mean"])
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,275 @@
+"""Per-unit sensitivity probes (`quantize --fit-bytes`): llama.cpp's quantiser called in-process writes the bytes
+llama-quantize writes, and a probe of one unit in the split layout gives the KL of the whole-model file that
+llama-quantize writes for the same assignment; an interrupted measurement resumes; the time budget is kept.
+
+References are independent of the code under test: llama-quantize's own output files (read with gguf-py), gguf-py's
+dequantisers (a Python reimplementation of ggml's), and `ggufbridge compare` on whole-model files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ggufbridge.cli import cli
+from ggufbridge.errors import QuantError
+from _cores import THREADS
+
+
+@pytest.fixture(scope="module")
+def model(make_gguf):
+    """BF16 GGUF of the K-quant-compatible model with one layer of each kind (11 units)."""
+    return make_gguf("ksafe2", "bf16", dtype="bfloat16", vocab="small")
+
+
+@pytest.fixture(scope="module")
+def cal(tmp_path_factory):
+    d = tmp_path_factory.mktemp("probe-cal")
+    rng = random.Random(5)
+    p = d / "cal.txt"  # ~600 tokens: two rows of 256, or llama-imatrix's two chunks of 128
+    p.write_text(" ".join(rng.choice("the river model layer token 1 2 3 ( ) ; expert".split()) for _ in range(240)))
+    return p
+
+
+@pytest.fixture(scope="module")
+def imatrix(model, cal, tmp_path_factory):
+    out = tmp_path_factory.mktemp("probe-im") / "im.gguf"
+    r = CliRunner().invoke(cli, ["imatrix", str(model), "--text", str(cal), "--ctx", "128", "--chunks", "2",
+                                 "-o", str(out), "--threads", str(THREADS)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _uniform(model, tmp_path, t, imatrix=None):
+    """llama-quantize's own file with every quantisable tensor at tensor type `t` (for a type that needs an
+    importance matrix: every tensor the matrix covers; llama-imatrix does not see token_embd)."""
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant import types as qt
+    from ggufbridge.quant.quantize import quantize_file
+    from ggufbridge.quant.sensitivity import exact_mix, importance, units_of
+
+    h = read_header(model)
+    names = [n for ts in units_of(h).values() for n in ts]
+    if t in qt.NEEDS_IMATRIX:
+        names = [n for n in names if n in importance(imatrix)]
+    out = tmp_path / f"uniform-{t}.gguf"
+    quantize_file(model, out, mix=exact_mix("u", h, {n: t for n in names}), imatrix=imatrix, threads=THREADS)
+    return h, read_header(out), names
+
+
+@pytest.mark.parametrize("t, with_imatrix", [("Q3_K", False), ("IQ4_XS", False), ("Q4_K", True),
+                                             ("IQ2_XS", True)])
+def test_in_process_quantiser_writes_llama_quantize_bytes(model, imatrix, tmp_path, t, with_imatrix):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from ggufbridge.quant.ggmlq import Quantiser
+    from ggufbridge.quant.sensitivity import importance, unit_errors
+
+    im_path = imatrix if with_imatrix else None
+    src, out, names = _uniform(model, tmp_path, t, im_path)
+    im = importance(im_path)
+    with Quantiser(THREADS) as q:
+        for n in names:
+            _, kept = unit_errors(q, src, [n], [t], keep=t, imatrix=im)
+            final, data = kept[n]
+            assert final == out.tensor(n).type
+            assert np.array_equal(data, np.asarray(out.tensor_data(n))), n  # byte for byte
+            # the in-process dequantiser against gguf-py's Python one (independent reimplementation)
+            mine = q.to_float(final, data, out.tensor(n).n_elements)
+            ref = dequantize(np.asarray(out.tensor_blocks(n)), GGMLQuantizationType[final]).reshape(-1)
+            assert np.allclose(mine, ref, rtol=1e-6, atol=1e-7), n
+
+
+def test_unit_error_is_the_dequantised_difference(model, tmp_path):
+    """E_u(t) is the squared difference of llama-quantize's file and the source, dequantised by gguf-py."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from ggufbridge.quant.ggmlq import Quantiser
+    from ggufbridge.quant.sensitivity import unit_errors, units_of
+
+    src, out, _ = _uniform(model, tmp_path, "Q3_K")
+    unit = "experts_down@0"
+    names = units_of(src)[unit]
+    want = 0.0
+    for n in names:
+        a = dequantize(np.asarray(src.tensor_blocks(n)), GGMLQuantizationType[src.tensor(n).type]).astype(np.float64)
+        b = dequantize(np.asarray(out.tensor_blocks(n)), GGMLQuantizationType.Q3_K).astype(np.float64)
+        want += float(((a - b) ** 2).sum())
+    with Quantiser(THREADS) as q:
+        got, _ = unit_errors(q, src, names, ["Q3_K"])
+    assert got["Q3_K"] == pytest.approx(want, rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def probe_setup(model, cal, tmp_path_factory):
+    """The split layout, the calibration rows, a reference dump of the source and an evaluator over them."""
+    from ggufbridge.compare import evalset
+    from ggufbridge.compare.run import dump_logits
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant.probe import Evaluator, ProbeModel
+    from ggufbridge.quant.sensitivity import calibration_rows, units_of
+
+    d = tmp_path_factory.mktemp("probe")
+    rows = calibration_rows(model, cal, 256, 2)
+    rows_path = d / "rows.jsonl"
+    evalset.write_rows(rows, rows_path)
+    ref = d / "ref.safetensors"
+    dump_logits(f"gguf:{model}", ref, eval_path=rows_path, ctx=256, top_k=64, samples=32, floor=False)
+    h = read_header(model)
+    layout = ProbeModel(model, units_of(h), d / "layout")
+    layout.build()
+    with Evaluator(f"logits:{ref}", rows, 256, n_gpu_layers=0) as ev:
+        yield h, layout, ev, rows_path, f"logits:{ref}"
+
+
+def _whole_model_kl(model, h, unit, t, tmp_path, ref, rows_path):
+    """The old probe: llama-quantize writes the whole model with only `unit` at `t`, `compare` measures it."""
+    from ggufbridge.compare.run import compare
+    from ggufbridge.quant.quantize import quantize_file
+    from ggufbridge.quant.sensitivity import exact_mix, source_types, units_of
+
+    types = {**source_types(h), **{n: t for n in units_of(h)[unit]}}
+    out = tmp_path / f"whole-{unit}.gguf"
+    quantize_file(model, out, mix=exact_mix("p", h, types), threads=THREADS)
+    return compare(ref, [f"gguf:{out}"], eval_path=rows_path, ctx=256).results[0].summary["kl_mean"]
+
+
+@pytest.mark.parametrize("unit", ["gdn_in@0", "experts_gate_up@1", "output"])
+def test_unit_probe_equals_the_whole_model_probe(model, probe_setup, tmp_path, unit):
+    from ggufbridge.quant.ggmlq import Quantiser
+    from ggufbridge.quant.sensitivity import unit_errors
+
+    h, layout, ev, rows_path, ref = probe_setup
+    with Quantiser(THREADS) as q:
+        _, kept = unit_errors(q, h, layout.unit_tensors[unit], ["Q3_K"], keep="Q3_K")
+    with layout.swapped(unit, layout.write_probe(unit, kept)) as m:
+        probe = ev.kl(m)
+    whole = _whole_model_kl(model, h, unit, "Q3_K", tmp_path, ref, rows_path)
+    assert whole > 1e-3  # a real perturbation, far above the source's own KL
+    assert probe == pytest.approx(whole, rel=1e-5, abs=1e-9)
+    # the layout with nothing swapped is the source
+    assert ev.kl(layout.main) == pytest.approx(ev.kl(model), rel=1e-6, abs=1e-9)
+
+
+def test_a_probe_of_the_wrong_unit_differs(model, probe_setup, tmp_path):
+    """The parity above can fail: quantising another unit than the one the whole-model file quantised gives
+    another KL."""
+    from ggufbridge.quant.ggmlq import Quantiser
+    from ggufbridge.quant.sensitivity import unit_errors
+
+    h, layout, ev, rows_path, ref = probe_setup
+    wrong = "experts_gate_up@0"
+    with Quantiser(THREADS) as q:
+        _, kept = unit_errors(q, h, layout.unit_tensors[wrong], ["Q3_K"], keep="Q3_K")
+    with layout.swapped(wrong, layout.write_probe(wrong, kept)) as m:
+        probe = ev.kl(m)
+    whole = _whole_model_kl(model, h, "gdn_in@0", "Q3_K", tmp_path, ref, rows_path)
+    assert abs(probe - whole) > 0.05 * whole
+
+
+def _fixed_cost(monkeypatch, token_s=1.0):
+    """Calibration timings replaced by fixed ones, so that the estimate is known to the test."""
+    from ggufbridge.quant import sensitivity
+
+    monkeypatch.setattr(sensitivity, "_time_pass", lambda *a, **k: (0.0, token_s, 0.0))
+    monkeypatch.setattr(sensitivity, "_time_quantisation", lambda *a, **k: (0.0, 0.0))
+    monkeypatch.setattr(sensitivity, "_time_copy", lambda *a, **k: 0.0)
+
+
+def test_interrupted_measurement_resumes_from_its_records(model, cal, tmp_path, monkeypatch):
+    from ggufbridge.quant import probe
+    from ggufbridge.quant.sensitivity import measure
+
+    kw = dict(work=tmp_path / "work", ctx=256, max_rows=2, threads=THREADS, types=("Q3_K", "Q6_K"),
+              n_gpu_layers=0)
+    real = probe.Evaluator.kl
+    calls = []
+
+    def dying(self, m, rows=None):
+        calls.append(m)
+        if len(calls) == 4:  # the source, then three units
+            raise KeyboardInterrupt
+        return real(self, m, rows)
+
+    monkeypatch.setattr(probe.Evaluator, "kl", dying)
+    with pytest.raises(KeyboardInterrupt):
+        measure(model, cal, **kw)
+    records = list((tmp_path / "work").glob("*/measurements.jsonl"))
+    assert len(records) == 1
+    lines = [json.loads(x) for x in records[0].read_text().splitlines()]
+    assert [x["kind"] for x in lines] == ["base", "unit", "unit"]
+    calls.clear()
+    monkeypatch.setattr(probe.Evaluator, "kl", lambda self, m, rows=None: (calls.append(m), real(self, m, rows))[1])
+    said = []
+    sens = measure(model, cal, report=said.append, **kw)
+    assert len(calls) == 11 - 2  # only the units not yet measured
+    assert "(2 more measured before: resumed)" in said[0]
+    assert len(sens.units) == 11 and {x["unit"] for x in lines[1:]} <= set(sens.units)
+    assert sens.units[lines[1]["unit"]]["probe_kl"] == lines[1]["probe_kl"]
+    assert not list((tmp_path / "work").glob("*/probe"))  # the layout (a copy of the source) is gone
+
+
+def test_time_budget_cuts_calibration_tokens_or_refuses(model, cal, tmp_path, monkeypatch):
+    from ggufbridge.quant.sensitivity import MIN_TOKENS, calibration_rows, measure
+
+    _fixed_cost(monkeypatch)
+    rows = calibration_rows(model, cal, 64, 4)
+    total = sum(len(r.ids) for r in rows)
+    kw = dict(work=tmp_path / "work", ctx=64, max_rows=4, threads=THREADS, types=("Q3_K", "Q6_K"), n_gpu_layers=0)
+    # 1 s per token: a reference pass and 12 probe passes (the source + 11 units) of t tokens take 13·t s
+    with pytest.raises(QuantError, match=f"even on {MIN_TOKENS} calibration tokens"):
+        measure(model, cal, budget_s=13.0 * MIN_TOKENS - 1, **kw)
+    said = []
+    sens = measure(model, cal, budget_s=13.0 * 40 + 12, report=said.append, **kw)
+    # the seconds the calibration itself took come off the budget first (a few here, 13 per token less)
+    n = sens.n_tokens
+    assert 37 <= n <= 40 < total
+    assert f"measuring on the first {n} tokens" in said[0]
+    assert "estimated total" in said[-1] and f"{n} calibration tokens" in said[1]
+
+
+def test_calibration_tokens_cuts_the_rows(model, cal, tmp_path):
+    from ggufbridge.quant.sensitivity import first_tokens, calibration_rows
+
+    rows = calibration_rows(model, cal, 256, 16)
+    cut = first_tokens(rows, 300)
+    assert [len(r.ids) for r in cut] == [256, 44] and cut[1].ids == rows[1].ids[:44]
+    assert first_tokens(rows, None) == rows
+
+
+def test_fit_budget_time_errors_are_one_line(model, cal, tmp_path):
+    base = ["quantize", str(model), "-o", str(tmp_path / "o.gguf"), "--fit-bytes", "3MB", "--ctx", "0",
+            "--calibration", str(cal), "--work", str(tmp_path / "w")]
+    r = CliRunner().invoke(cli, base + ["--fit-budget-time", "5 parsecs"])
+    assert r.exit_code == 2 and "expected a positive duration" in r.output
+    r = CliRunner().invoke(cli, base + ["--fit-budget-time", "0.001"])
+    assert r.exit_code == 2, r.output
+    assert "even on 16 calibration tokens" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "o.gguf").exists()
+    r = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(tmp_path / "o.gguf"), "--quant", "Q8_0",
+                                 "--fit-budget-time", "1h"])
+    assert r.exit_code == 2 and "--fit-budget-time only applies with --fit or --fit-bytes" in r.output
+
+
+def test_sampled_errors_estimate_the_full_ones(model):
+    """The error pass quantises large tensors at every type on a sample of rows only: on this model's expert
+    tensors (524,288 weights, sampled at 131,072) the estimate is within 5% of the full sum for every type."""
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant.ggmlq import Quantiser
+    from ggufbridge.quant.sensitivity import CANDIDATE_TYPES, ERROR_SAMPLE, unit_errors, units_of
+
+    h = read_header(model)
+    names = units_of(h)["experts_gate_up@0"]
+    assert all(h.tensor(n).n_elements > ERROR_SAMPLE for n in names)
+    with Quantiser(THREADS) as q:
+        full, _ = unit_errors(q, h, names, CANDIDATE_TYPES)
+        est, kept = unit_errors(q, h, names, CANDIDATE_TYPES, keep="Q3_K", sample=ERROR_SAMPLE)
+    assert est["Q3_K"] == pytest.approx(full["Q3_K"], rel=1e-6)  # the probe type is measured in full
+    for t in CANDIDATE_TYPES:
+        assert est[t] == pytest.approx(full[t], rel=0.05), t
