@@ -170,7 +170,7 @@ def test_verify_reports_a_gguf_the_manifest_does_not_list(converted, tmp_path):
     out = _copy(converted, tmp_path / "out")
     shutil.copy(_target(out), out / "MiniCPM-V-4_7-1M-Q8_0.gguf")  # a stale file a user might pick by name
     code, text = _invoke("verify", out)
-    assert code == 1, text
+    assert code == 3, text  # verify's exit code for a difference it found (docs/usage.md)
     assert "unlisted" in text and "MiniCPM-V-4_7-1M-Q8_0.gguf" in text and "does not list" in text
 
 
@@ -247,10 +247,10 @@ def test_verify_calls_a_symlink_to_a_device_not_a_regular_file(converted, tmp_pa
     target.unlink()
     target.symlink_to("/dev/null")
     code, text = _invoke("verify", out)
-    assert code == 1
+    assert code == 3
     line = next(x for x in text.splitlines() if target.name in x)
     assert "not a regular file" in line and "/dev/null" in line and "missing" not in line, line
     target.unlink()
     target.symlink_to(tmp_path / "nowhere.gguf")
     code, text = _invoke("verify", out)
-    assert code == 1 and "missing (dangling symlink" in text, text
+    assert code == 3 and "missing (dangling symlink" in text, text

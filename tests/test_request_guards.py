@@ -137,3 +137,27 @@ def test_a_body_over_the_size_limit_is_answered_413(served):
         t.join(30)
     assert got.startswith(b"HTTP/1.1 413"), got[:200]
     _still_answers(s, url)
+
+
+# --- integer parameters (patch server-integer-parameters-in-range) -------------------------------------------------
+# Without the patch `"max_tokens": 1e30` was converted with a plain cast to n_predict = -2147483648 and the request
+# ran as if it had asked for no limit; 5e9 wrapped and 12.7 was truncated.
+
+@pytest.mark.parametrize("value, shown", [(1e30, "1e+30"), (5_000_000_000, "5000000000"), (12.7, "12.7"),
+                                          (-3e9, "-3000000000.0")])
+def test_an_integer_parameter_out_of_its_range_is_a_400_naming_it(served, value, shown):
+    s, url = served
+    status, body = _post(url, json.dumps(_chat("hi", max_tokens=value)).encode())
+    assert status == 400, body
+    msg = body["error"]["message"]
+    assert msg.startswith("'max_tokens' must be an integer in [-2147483648, 2147483647], got "), msg
+    assert shown in msg or str(value) in msg, msg
+    _still_answers(s, url)
+
+
+def test_integer_parameters_written_as_floats_and_the_random_seed_are_served(served):
+    """What clients really send keeps working: an integral float (JavaScript's numbers) and llama.cpp's seed -1."""
+    s, url = served
+    status, body = _post(url, json.dumps(_chat("hi", max_tokens=3.0, seed=-1)).encode())
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] <= 3, body
