@@ -134,10 +134,10 @@ def quantize_gguf(src, dst, *, quant: str | None = None, mix: str | None = None,
     if fit is not None:  # plan.budget is where the search stopped, not a budget anyone set: say what was fitted
         from ggufbridge.quant.optimise import DEFAULT_CTX
 
-        room = (f"the largest mix that fits recipe {fit}'s GPU memory with one slot of "
+        room = (f", the largest mix that fits recipe {fit}'s GPU memory with one slot of "
                 f"{DEFAULT_CTX if ctx is None else ctx} tokens")
     else:
-        room = f"of {plan.budget:,} for the file"
-    return res, (f"mix {plan.mix.name}: {plan.file_bytes:,} bytes, {room}; predicted KL "
+        room = f" of {plan.budget:,} for the file"
+    return res, (f"mix {plan.mix.name}: {plan.file_bytes:,} bytes{room}; predicted KL "
                  f"{plan.predicted_kl:.4f} (sensitivity over {sens.n_tokens} tokens vs {sens.reference}); recipe "
                  f"written to {mix_out}")
