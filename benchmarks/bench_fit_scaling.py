@@ -87,12 +87,7 @@ def real_counts() -> dict:
     from ggufbridge.quant.sensitivity import ERROR_SAMPLE, _sample_plan, unit_of
 
     s = Shape()
-    p = qm.TextParams(
-        vocab_size=s.vocab, hidden=s.hidden, n_layer=len(s.layers), n_head=s.heads, n_head_kv=s.kv_heads,
-        head_dim=s.head_dim, n_rot=s.head_dim // 4, sections=(11, 11, 10, 0), rope_theta=1e7, rms_eps=1e-6,
-        ctx_len=s.ctx, recurrent=tuple(c == "L" for c in s.layers), n_expert=s.experts, n_expert_used=s.top_k,
-        ff_exp=s.expert_ff, ff_shexp=s.shared_ff, conv_kernel=s.conv, dk=s.lin_dim, gk=s.lin_k_heads,
-        hv=s.lin_v_heads, tied=False, mtp_layers=0)
+    p = s.text_params()
     plan = ConversionPlan(qm.ARCH)
     qm.plan_text(plan, p, _FakeRefs(p), "", "lm_head.weight")
     units, weights, elements, sampled = set(), 0, 0, 0

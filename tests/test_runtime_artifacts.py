@@ -51,7 +51,8 @@ def test_hashes_are_checked_on_request(tmp_path):
     ([{"role": "target", "path": "t.gguf", "bytes": 2}, {"role": "target", "path": "t.gguf", "bytes": 2}],
      "a second 'target'"),
     ([{"role": "target", "path": "gone.gguf", "bytes": 2}], "is missing"),
-    ([{"role": "target", "path": "t.gguf", "bytes": "2"}], r"bytes expected a file size \(an integer in \[0, 2\^64\)\)"),
+    ([{"role": "target", "path": "t.gguf", "bytes": "2"}],
+     r"bytes expected a file size \(an integer in \[0, 2\^64\)\)"),
 ])
 def test_bad_manifests_are_refused(tmp_path, entries, message):
     out = _out(tmp_path, {"t.gguf": b"tt"}, entries)

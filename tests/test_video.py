@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from _video_helpers import hf_processor_with_video, make_clip
 from _vision_helpers import SPEC_THW, cosines, flat_prompt, kl_rows, refit_head
 from ggufbridge.errors import VisionInputError
+from ggufbridge.testkit.served_sweep import video_scores
 from ggufbridge.vision import video
 
 # (frames, fps, container, max_num_frames): durations 0.5 … 6.5 s, integer and NTSC rates, the long-clip branch
@@ -384,21 +385,6 @@ def _video_turn(clip: Path, question: str = QUESTION) -> dict:
                                         {"type": "text", "text": question}]}
 
 
-def _hf_scores(ref, want, continuation: list[int]) -> np.ndarray:
-    """transformers' log-probabilities for each continuation token, teacher-forced after the video prompt."""
-    import torch
-
-    from ggufbridge.compare.metrics import log_softmax
-
-    ids = want["input_ids"][0].tolist()
-    full = torch.tensor([ids + continuation[:-1]])
-    tt = torch.cat([want["mm_token_type_ids"], torch.zeros(1, len(continuation) - 1, dtype=torch.long)], 1)
-    with torch.no_grad():
-        logits = ref(input_ids=full, mm_token_type_ids=tt, pixel_values_videos=want["pixel_values_videos"],
-                     target_sizes_videos=want["target_sizes_videos"]).logits[0, len(ids) - 1:].double().numpy()
-    return log_softmax(logits)
-
-
 @pytest.fixture(scope="module")
 def served_video(model, tmp_path_factory):
     """`ggufbridge serve OUT` and `ggufbridge serve OUT --draft` (the user's commands) on the 16x folder."""
@@ -434,7 +420,7 @@ def test_served_video_matches_transformers(model, served_video, ban, tmp_path, d
     want, _, _ = _hf(ck, ref, clip, logits=False)
     assert turn.usage["prompt_tokens"] == want["input_ids"].shape[1]
     assert len(turn.top[0]) == VOCAB
-    kl = sc.kl_to_served(_hf_scores(ref, want, turn.ids), turn.top)
+    kl = sc.kl_to_served(video_scores(ref, want, turn.ids), turn.top)
     assert kl.mean() < 1e-3, kl
     if draft:
         assert turn.timings.get("draft_n", 0) > 0, turn.timings  # the draft ran on the video turn

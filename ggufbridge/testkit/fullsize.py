@@ -75,6 +75,18 @@ class Shape:
     d_rank: int = 256
     d_mask: int = 248076
 
+    def text_params(self):
+        """The text tower's conversion parameters (qwen35moe.TextParams) of this shape."""
+        from ggufbridge.arch import qwen35moe as qm
+
+        return qm.TextParams(
+            vocab_size=self.vocab, hidden=self.hidden, n_layer=len(self.layers), n_head=self.heads,
+            n_head_kv=self.kv_heads, head_dim=self.head_dim, n_rot=self.head_dim // 4,
+            sections=(11, 11, 10, 0) if self.head_dim >= 64 else (1, 1, 0, 0), rope_theta=10_000_000.0,
+            rms_eps=1e-6, ctx_len=self.ctx, recurrent=tuple(c == "L" for c in self.layers), n_expert=self.experts,
+            n_expert_used=self.top_k, ff_exp=self.expert_ff, ff_shexp=self.shared_ff, conv_kernel=self.conv,
+            dk=self.lin_dim, gk=self.lin_k_heads, hv=self.lin_v_heads, tied=False, mtp_layers=0)
+
 
 SMOKE = Shape(layers="LLLF", hidden=256, heads=2, kv_heads=1, head_dim=256, experts=16, top_k=4, expert_ff=256,
               shared_ff=256, lin_k_heads=2, lin_v_heads=4, lin_dim=64, d_layers=1, d_heads=2, d_kv_heads=1,
@@ -243,12 +255,7 @@ def oracle_tensor(name: str, shape: tuple, s: Shape, o: Oracle, pt: PlannedTenso
 
 
 def target_plan(s: Shape, quant: str, vocab, seed: int, oracle: Oracle | None = None) -> ConversionPlan:
-    p = qm.TextParams(
-        vocab_size=s.vocab, hidden=s.hidden, n_layer=len(s.layers), n_head=s.heads, n_head_kv=s.kv_heads,
-        head_dim=s.head_dim, n_rot=s.head_dim // 4, sections=(11, 11, 10, 0) if s.head_dim >= 64 else (1, 1, 0, 0),
-        rope_theta=10_000_000.0, rms_eps=1e-6, ctx_len=s.ctx, recurrent=tuple(c == "L" for c in s.layers),
-        n_expert=s.experts, n_expert_used=s.top_k, ff_exp=s.expert_ff, ff_shexp=s.shared_ff, conv_kernel=s.conv,
-        dk=s.lin_dim, gk=s.lin_k_heads, hv=s.lin_v_heads, tied=False, mtp_layers=0)
+    p = s.text_params()
     plan = ConversionPlan(qm.ARCH)
     plan.str("general.name", "MiniCPM-V 4.7 35B-A3B shape, random weights")
     plan.u32("general.file_type", file_type(quant))
