@@ -140,18 +140,33 @@ def test_a_body_over_the_size_limit_is_answered_413(served):
 
 
 # --- integer parameters (patch server-integer-parameters-in-range) -------------------------------------------------
-# Without the patch `"max_tokens": 1e30` was converted with a plain cast to n_predict = -2147483648 and the request
-# ran as if it had asked for no limit; 5e9 wrapped and 12.7 was truncated.
+# Without the patch `"max_tokens": 1e30` was cast to -2147483648 before anything judged it: the chat route refused it
+# as "but got -2147483648", a number the client never sent, and `/completion` ran it as n_predict = -2147483648 (no
+# limit); 5e9 wrapped and 12.7 was truncated, both served.
+
+def _post_to(url: str, path: str, body: dict) -> tuple[int, dict]:
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
+
 
 @pytest.mark.parametrize("value, shown", [(1e30, "1e+30"), (5_000_000_000, "5000000000"), (12.7, "12.7"),
-                                          (-3e9, "-3000000000.0")])
-def test_an_integer_parameter_out_of_its_range_is_a_400_naming_it(served, value, shown):
+                                          (-3e9, "-3000000000")])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/completion"])
+def test_an_integer_parameter_out_of_its_range_is_a_400_naming_it(served, value, shown, route):
     s, url = served
-    status, body = _post(url, json.dumps(_chat("hi", max_tokens=value)).encode())
-    assert status == 400, body
-    msg = body["error"]["message"]
-    assert msg.startswith("'max_tokens' must be an integer in [-2147483648, 2147483647], got "), msg
-    assert shown in msg or str(value) in msg, msg
+    body = _chat("hi", max_tokens=value) if route.startswith("/v1") else {"prompt": "hi", "n_predict": value}
+    status, answer = _post_to(url, route, body)
+    assert status == 400, answer
+    msg = answer["error"]["message"]
+    field = "max_tokens" if route.startswith("/v1") else "n_predict"
+    assert f"'{field}'" in msg and "must be an integer" in msg and shown in msg, msg
+    assert "-2147483648" not in msg.split("got", 1)[1], msg  # the value as sent, not its cast
     _still_answers(s, url)
 
 
