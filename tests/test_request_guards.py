@@ -31,11 +31,11 @@ def served(model_dir):  # noqa: F811
         yield s, s.wait_ready()
 
 
-def _post(url: str, body: bytes) -> tuple[int, dict]:
+def _post(url: str, body: bytes, path: str = "/v1/chat/completions") -> tuple[int, dict]:
     u = urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
     try:
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         data = r.read()
     finally:
@@ -144,24 +144,13 @@ def test_a_body_over_the_size_limit_is_answered_413(served):
 # as "but got -2147483648", a number the client never sent, and `/completion` ran it as n_predict = -2147483648 (no
 # limit); 5e9 wrapped and 12.7 was truncated, both served.
 
-def _post_to(url: str, path: str, body: dict) -> tuple[int, dict]:
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-    try:
-        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        conn.close()
-
-
 @pytest.mark.parametrize("value, shown", [(1e30, "1e+30"), (5_000_000_000, "5000000000"), (12.7, "12.7"),
                                           (-3e9, "-3000000000")])
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/completion"])
 def test_an_integer_parameter_out_of_its_range_is_a_400_naming_it(served, value, shown, route):
     s, url = served
     body = _chat("hi", max_tokens=value) if route.startswith("/v1") else {"prompt": "hi", "n_predict": value}
-    status, answer = _post_to(url, route, body)
+    status, answer = _post(url, json.dumps(body).encode(), route)
     assert status == 400, answer
     msg = answer["error"]["message"]
     field = "max_tokens" if route.startswith("/v1") else "n_predict"
