@@ -127,7 +127,7 @@ def test_serve_stops_within_10_s_with_40_requests_in_flight_and_a_closed_tab(mod
 def test_a_second_ctrl_c_stops_at_once(model_dir):  # noqa: F811
     """The first Ctrl-C gives llama-server STOP_GRACE seconds; a second one does not wait for them."""
     with Serving(model_dir, "--parallel", "2") as s:
-        _busy_server(s, 6)
+        _busy_server(s, 3)  # a few in flight are enough to hold llama-server (on a loaded machine 6 of 10 were not)
         server = s.server_pid
         os.killpg(s.proc.pid, signal.SIGINT)
         time.sleep(0.5)

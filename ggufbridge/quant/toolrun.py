@@ -74,6 +74,10 @@ def run_tool(argv: list[str], *, env: dict | None, progress: Progress, show: boo
                 pending = pending[done.end():]
             pending = pending[-_KEEP:]
         code = proc.wait()
+        if code == 0 and bar is not None and bar.total:
+            # done means all of it: a clean exit whose last progress line we did not see (llama.cpp logs from a
+            # thread of its own; a loaded machine's run once ended the bar at 3/4) still fills the bar
+            bar.update(bar.total - bar.n)
     except BaseException:
         proc.kill()
         proc.wait()
