@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 PATTERN = "LLLF" * 10
+CLI_FLAGS: list[str] = []  # ["-v"] with --verbose: llama.cpp's own log lines land in each size's logs
 
 
 def build(work: Path, layers: int, experts: int, vocab: str, seed: int = 0) -> Path:
@@ -69,8 +71,9 @@ def build(work: Path, layers: int, experts: int, vocab: str, seed: int = 0) -> P
 
 def run(argv: list[str], log: Path) -> tuple[float, str]:
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "ggufbridge", *argv], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = subprocess.run([sys.executable, "-m", "ggufbridge", *CLI_FLAGS, *argv], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
     dt = time.perf_counter() - t0
     log.write_text(p.stdout + p.stderr)
     if p.returncode:
@@ -112,7 +115,7 @@ def fit(rows: list[dict]) -> dict:
     by = np.array([r["cost"]["source_bytes"] for r in rows], float)
     ld = np.array([r["cost"]["load_s"] for r in rows])
     d, c = np.polyfit(by, ld, 1) if len(rows) > 1 else (0.0, ld[0])
-    return {"token_s_head": float(a), "token_s_per_layer": float(b), "load_s_fixed": float(c),
+    return {"token_s_head": float(a), "token_s_per_layer": float(max(b, 0.0)), "load_s_fixed": float(c),
             "load_s_per_byte": float(max(d, 0.0)),
             "element_s": float(np.mean([r["cost"]["element_s"] for r in rows])),
             "probe_element_s": float(np.mean([r["cost"]["probe_element_s"] for r in rows])),
@@ -132,6 +135,29 @@ def full_size(law: dict, counts: dict, tokens: int = 4096, types: int = 8) -> di
             "token_s": m.token_s}
 
 
+def _gpu() -> str | None:
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return p.stdout.strip() or None if p.returncode == 0 else None
+
+
+def save(a, rows: list[dict]):
+    """The rows so far, the law fitted on them and its full-size estimate, written after every size."""
+    law = fit(rows)
+    counts = real_counts()
+    full = full_size(law, counts)
+    out = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": _gpu()},
+           "experts": a.experts, "threads": a.threads, "rows": rows, "law": law,
+           "full_35b": {"counts": counts, "estimate": full}}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_name(a.out.name + ".part")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, a.out)
+    return law, full, counts
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True)
@@ -142,12 +168,21 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="--calibration-tokens of each run [all: 4,096]")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fit-scaling" / "cpu.json")
+    ap.add_argument("--verbose", action="store_true", help="run the commands with -v (llama.cpp's log in the logs)")
     a = ap.parse_args(argv)
+    if a.verbose:
+        CLI_FLAGS.append("-v")
     from ggufbridge.quant.optimise import default_calibration
 
     a.work.mkdir(parents=True, exist_ok=True)
     cal = default_calibration()
+    # sizes measured by an earlier call into the same --out (a device call is limited to minutes: one size a call)
+    same = {"experts": a.experts, "threads": a.threads}
     rows = []
+    if a.out.is_file():
+        old = json.loads(a.out.read_text())
+        if all(old.get(k) == v for k, v in same.items()):
+            rows = [r for r in old["rows"] if r["layers"] not in a.layers]
     for layers in a.layers:
         src = build(a.work, layers, a.experts, a.vocab)
         d = src.parent
@@ -156,8 +191,6 @@ def main(argv=None) -> int:
                       d / "q4.log")
         work = d / "sens"
         if work.exists():
-            import shutil
-
             shutil.rmtree(work)  # measured from scratch every time
         load = os.getloadavg()
         fit_s, err = run(["quantize", str(src), "-o", str(d / "fit.gguf"), "--fit-bytes", str(q4.stat().st_size),
@@ -178,16 +211,12 @@ def main(argv=None) -> int:
               f"load {load[0]:.1f}", flush=True)
         for f in (q4, d / "fit.gguf"):
             f.unlink(missing_ok=True)
-    law = fit(rows)
-    counts = real_counts()
-    full = full_size(law, counts)
-    out = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "experts": a.experts,
-           "threads": a.threads, "rows": rows, "law": law, "full_35b": {"counts": counts, "cpu_estimate": full}}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+        shutil.rmtree(work, ignore_errors=True)  # the next size needs the disk (a device has 64 GB)
+        rows.sort(key=lambda r: r["layers"])
+        law, full, counts = save(a, rows)
     print(f"law: {law}")
     print(f"35B-A3B ({counts['units']} units, {counts['weights'] / 1e9:.1f} B weights, "
-          f"{counts['bf16_bytes'] / 1e9:.0f} GB BF16), 4,096 calibration tokens, this machine's CPU: "
+          f"{counts['bf16_bytes'] / 1e9:.0f} GB BF16), 4,096 calibration tokens, this machine: "
           f"{full['total_s'] / 3600:.1f} h {dict((k, round(v)) for k, v in full['parts_s'].items())}")
     return 0
 

@@ -34,6 +34,8 @@
 #   topk-sort                     one sequence's top-k over the vocabulary as ggml-cuda runs it with CCCL < 3.2 (a full
 #                                 radix argsort) beside an argmax and series patch 0020's two passes, 1 and 8 rows
 #                                 (benchmarks/gpu/topk_sort; no runtime build, ~1 min)
+#   fit-scaling LAYERS...         quantize --fit-bytes at growing depth, 256 experts, the real vocabulary
+#                                 (fit_scaling.sh; sizes of earlier calls on a warm machine are kept)
 #   moe-kernel                    the shaped multi-token MoE mat-vec alone (benchmarks/gpu/moe_kernel; no runtime
 #                                 build: the pinned sources' headers and nvcc, ~1 min)
 #
@@ -226,6 +228,11 @@ case $job in
            setup_device "${a[@]}"; wait; exec bash benchmarks/gpu/concurrency_h200.sh "$@" ;;
   topk-sort) setup_device --no-runtime; extract_sources
              exec bash benchmarks/gpu/topk_sort/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" ;;
+  # the first size's model is generated while the runtime builds
+  fit-scaling) setup_device --no-runtime
+               bash benchmarks/gpu/fit_scaling.sh generate "$@" > "$OUT/generate.log" 2>&1 & gen=$!
+               setup_device; wait $gen || { tail -5 "$OUT/generate.log"; exit 1; }
+               exec bash benchmarks/gpu/fit_scaling.sh run "$@" ;;
   moe-kernel) setup_device --no-runtime; extract_sources
               exec bash benchmarks/gpu/moe_kernel/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" ;;
   *) sed -n 2,39p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;

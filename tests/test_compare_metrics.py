@@ -11,7 +11,7 @@ import pytest
 from ggufbridge.compare import evalset
 from ggufbridge.compare.dump import DumpReader, DumpWriter
 from ggufbridge.compare.evalset import Row
-from ggufbridge.compare.metrics import Accumulator, Dense, chunk_stats, topk_form
+from ggufbridge.compare.metrics import Accumulator, Dense, chunk_stats, chunk_stats_threaded, topk_form
 from ggufbridge.compare.run import _compare_one
 from ggufbridge.compare.sources import Source
 from ggufbridge.errors import EvalDataError
@@ -142,6 +142,26 @@ def test_topk_form_is_a_partition_and_lower_bound():
         np.testing.assert_array_equal(c["top5"], full["top5"])
         np.testing.assert_allclose(c["nll_ref"], full["nll_ref"], rtol=1e-12)
     np.testing.assert_allclose(c["kl"], full["kl"], rtol=1e-9)  # k = vocabulary: exact
+
+
+def test_threaded_chunk_stats_are_the_same_numbers_position_by_position():
+    """The probes' and compare's KL runs split by positions over host threads: every figure must come back in
+    position order and equal to the one-thread result (a chunk length that is no multiple of the split; a top-K
+    reference with rest samples and a dense one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(9)
+    ref, cand = make_pair(rng, 53, 400, noise=0.5)
+    labels = rng.integers(-1, 400, 53)
+    for r in (Dense(ref), topk_form(ref, 40, labels, 8, np.random.default_rng(1))):
+        one = chunk_stats(r, Dense(cand), labels)
+        with ThreadPoolExecutor(4) as pool:
+            many = chunk_stats_threaded(r, Dense(cand), labels, pool)
+        assert many.keys() == one.keys()
+        for k in one:
+            np.testing.assert_array_equal(many[k], one[k], err_msg=k)
+    # and a swapped order would be caught: the figures differ from position to position
+    assert len(set(np.round(one["kl"], 12))) > 40
 
 
 def test_rest_samples_give_unbiased_kl():

@@ -273,3 +273,24 @@ def test_sampled_errors_estimate_the_full_ones(model):
     assert est["Q3_K"] == pytest.approx(full["Q3_K"], rel=1e-6)  # the probe type is measured in full
     for t in CANDIDATE_TYPES:
         assert est[t] == pytest.approx(full[t], rel=0.05), t
+
+
+def test_a_passes_warm_up_is_counted_once_per_pass_not_per_token():
+    """A fresh model's first chunk carries a one-off warm-up (on an H200 ~0.4 s against ~1 ms a token): the cost
+    model must charge it once per pass. Counted per token over the calibration it made the estimate 1.8x the
+    measured time at 4 layers on the H200 (docs/quant.md)."""
+    from ggufbridge.quant.cost import CostModel
+    from ggufbridge.quant.sensitivity import _pass_rates
+
+    warm, rate, kl = 0.4, 1e-3, 0.6e-3
+    parts = [(warm + 64 * (rate - kl), 64 * kl, 64)] + [(64 * (rate - kl), 64 * kl, 64)] * 5
+    load_s, token_s, kl_s = _pass_rates(2.0, parts)
+    assert load_s == pytest.approx(2.0 + warm) and token_s == pytest.approx(rate) and kl_s == pytest.approx(kl)
+    m = CostModel(units=10, rows=16, tokens=4096, elements=0, sampled=0, types=1, source_bytes=0, load_s=load_s,
+                  token_s=token_s, element_s=0, probe_element_s=0, byte_s=0, reference_passes=0)
+    assert m.pass_s() == pytest.approx(2.0 + warm + 4096 * rate)
+    # the old reading (everything over the tokens timed) overstates a 4,096-token pass by half
+    old = sum(p[0] + p[1] for p in parts) / 384
+    assert 2.0 + 4096 * old > 1.5 * m.pass_s()
+    # one chunk only: nothing to tell the warm-up from, it stays in the rate
+    assert _pass_rates(2.0, parts[:1])[0] == 2.0

@@ -20,7 +20,9 @@ docs/compare.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -56,6 +58,10 @@ class TopK:
     @property
     def n(self) -> int:
         return self.logp.shape[0]
+
+    def rows(self, a: int, b: int) -> "TopK":
+        return replace(self, **{f.name: getattr(self, f.name)[a:b] for f in fields(self)
+                                if getattr(self, f.name) is not None})
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -195,6 +201,35 @@ def chunk_stats(ref: Dense | TopK, cand: Dense, labels: np.ndarray) -> dict[str,
     }
 
 
+# rows per task of the threaded form: enough that numpy's per-call overhead is small, few enough that the
+# threads share a chunk of a few hundred positions evenly
+_ROWS_PER_TASK = 16
+
+
+def chunk_stats_threaded(ref: Dense | TopK, cand: Dense, labels: np.ndarray, pool: ThreadPoolExecutor | None):
+    """`chunk_stats` with the positions split over a thread pool: every figure is per position, and numpy
+    releases the GIL in the vocabulary-wide work (log-softmax, partitions, sums), so the host keeps up with a
+    GPU that returns a chunk's logits in milliseconds. The same numbers as `chunk_stats`, position by position."""
+    n = cand.n
+    if pool is None or n <= _ROWS_PER_TASK:
+        return chunk_stats(ref, cand, labels)
+    if ref.n != n or labels.shape[0] != n:
+        raise ValueError(f"chunk sizes differ: reference {ref.n}, candidate {n}, labels {labels.shape[0]}")
+    cuts = list(range(0, n, _ROWS_PER_TASK)) + [n]
+
+    def part(ab):
+        a, b = ab
+        r = Dense(ref.logits[a:b]) if isinstance(ref, Dense) else ref.rows(a, b)
+        return chunk_stats(r, Dense(cand.logits[a:b]), labels[a:b])
+
+    parts = list(pool.map(part, zip(cuts[:-1], cuts[1:])))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _rest_kl_estimates(ref: TopK, lq: np.ndarray, lp_r: np.ndarray, lq_r: np.ndarray):
     """Unbiased, non-negative estimates of KL(p̄‖q̄) and KL(q̄‖p̄), p̄ and q̄ being the two distributions
     restricted to the rest, from tokens s drawn from p̄.
@@ -251,9 +286,10 @@ class Accumulator:
     parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
     row_of: list[np.ndarray] = field(default_factory=list)
     kinds: dict[int, str] = field(default_factory=dict)
+    pool: ThreadPoolExecutor | None = None  # where chunk_stats runs, split by positions (None: this thread)
 
     def add(self, row: int, kind: str, ref: Dense | TopK, cand: Dense, labels: np.ndarray) -> None:
-        stats = chunk_stats(ref, cand, np.asarray(labels))
+        stats = chunk_stats_threaded(ref, cand, np.asarray(labels), self.pool)
         for k, v in stats.items():
             self.parts.setdefault(k, []).append(v)
         self.row_of.append(np.full(cand.n, row, dtype=np.int64))

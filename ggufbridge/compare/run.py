@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from ggufbridge.compare import evalset
 from ggufbridge.compare.evalset import Row
-from ggufbridge.compare.metrics import Accumulator, topk_form
+from ggufbridge.compare.metrics import Accumulator, default_threads, topk_form
 from ggufbridge.compare.sources import (LogitsSource, Source, gguf_role, hub_model, localize, open_source,
                                        parse_spec, require_device_for)
 from ggufbridge.errors import EvalDataError, GGUFBridgeError, LogitsMismatch
@@ -112,8 +113,16 @@ def check_compatible(a: Source, b: Source, rows: list[Row], text: str | None = N
                                  f"({ta[k:k + 3]} vs {tb[k:k + 3]}; {len(ta)} vs {len(tb)} tokens)")
 
 
-def _compare_one(ref: Source, cand: Source, rows: list[Row], chunk: int, progress: bool, desc: str) -> Accumulator:
-    acc = Accumulator()
+def _compare_one(ref: Source, cand: Source, rows: list[Row], chunk: int, progress: bool, desc: str,
+                 threads: int | None = None) -> Accumulator:
+    """The figures of `cand` against `ref` on the rows; the per-position statistics on `threads` host threads
+    (default: every core this process may use; the model itself is not running while they do)."""
+    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="kl") as pool:
+        return _compare_rows(ref, cand, rows, chunk, progress, desc, Accumulator(pool=pool))
+
+
+def _compare_rows(ref: Source, cand: Source, rows: list[Row], chunk: int, progress: bool, desc: str,
+                  acc: Accumulator) -> Accumulator:
     with tqdm(total=sum(len(r.ids) for r in rows), unit="tok", disable=not progress, desc=desc, leave=False) as bar:
         for i, row in enumerate(rows):
             labels = row.labels
@@ -126,6 +135,7 @@ def _compare_one(ref: Source, cand: Source, rows: list[Row], chunk: int, progres
                 bar.update(cc.n)
             if pos != len(row.ids):
                 raise LogitsMismatch(f"row {i}: {pos} positions compared, row has {len(row.ids)}")
+    acc.pool = None  # the pool ends with the comparison; the figures stay
     return acc
 
 

@@ -238,7 +238,7 @@ class Evaluator:
             t1 = time.perf_counter()
             if cand.vocab_size != self.ref.vocab_size:
                 raise QuantError(f"{model}: vocabulary of {cand.vocab_size}, the reference has {self.ref.vocab_size}")
-            acc = _compare_one(self.ref, cand, rows, self.chunk, False, "probe")
+            acc = _compare_one(self.ref, cand, rows, self.chunk, False, "probe", self.threads)
         t2 = time.perf_counter()
         self.last_timing = {"load_s": t1 - t0, "eval_s": t2 - t1, "tokens": sum(len(r.ids) for r in rows)}
         return float(acc.summary()["kl_mean"])

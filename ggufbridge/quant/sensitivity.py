@@ -29,6 +29,7 @@ import re
 import resource
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -169,7 +170,9 @@ def calibration_rows(src: Path, calibration, ctx: int, max_rows: int | None):
 
 
 MIN_TOKENS = 16  # fewer calibration tokens than this measure noise, not the units
-CALIBRATION_TOKENS = 128  # tokens the cost estimate times a pass on (warm-up included: every probe has one)
+# tokens the cost estimate times a pass on: at least two chunks, so that the first chunk's warm-up (once per pass)
+# and the rate per token are told apart (_pass_rates)
+CALIBRATION_TOKENS = 384
 
 
 def first_tokens(rows, n: int | None):
@@ -389,7 +392,7 @@ def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tu
     """(load seconds, seconds per token, of which the KL's share) of one llama.cpp pass over calibration rows
     with the KL against a top-K reference, timed on the source over its first CALIBRATION_TOKENS tokens (a
     second load: the first one may read the file from disk)."""
-    from ggufbridge.compare.metrics import chunk_stats, topk_form
+    from ggufbridge.compare.metrics import chunk_stats_threaded, default_threads, topk_form
     from ggufbridge.compare.run import default_chunk
     from ggufbridge.compare.sources import GGUFSource
 
@@ -401,28 +404,46 @@ def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tu
     s, _ = load()
     s.close()
     s, load_s = load()
+    # the probes' KL runs on a pool of host threads (compare.run._compare_one): timed the same way
+    pool = ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="kl")
+    parts = []  # per chunk: (model seconds, KL seconds, positions)
     try:
         chunk = default_chunk(s.vocab_size, ctx)
-        rates = []
         rng = np.random.default_rng(0)
         for i, row in enumerate(first_tokens(rows, CALIBRATION_TOKENS)):
-            t0 = time.perf_counter()
-            pos, kl_s, ref_s = 0, 0.0, 0.0
+            pos, t0 = 0, time.perf_counter()
             for c in s.chunks(i, row, chunk):
                 t1 = time.perf_counter()
                 labels = row.labels[pos:pos + c.n]
                 ref = topk_form(c.logits, 64, labels, 32, rng)  # a probe reads this from the dump instead
                 t2 = time.perf_counter()
-                chunk_stats(ref, c, labels)
-                ref_s += t2 - t1
-                kl_s += time.perf_counter() - t2
-                pos += c.n
-            rates.append((time.perf_counter() - t0 - ref_s, kl_s, len(row.ids)))
+                chunk_stats_threaded(ref, c, labels, pool)
+                t3 = time.perf_counter()
+                parts.append((t1 - t0, t3 - t2, c.n))
+                pos, t0 = pos + c.n, t3
     finally:
+        pool.shutdown()
         s.close()
-    # every probe loads a fresh model, so its first row's warm-up is part of the rate
-    n = max(1, sum(r[2] for r in rates))
-    return load_s, sum(r[0] for r in rates) / n, sum(r[1] for r in rates) / n
+    return _pass_rates(load_s, parts)
+
+
+def _pass_rates(load_s: float, parts) -> tuple[float, float, float]:
+    """(seconds per pass before its first token, per token, of which the KL) from per-chunk timings of one pass.
+
+    A freshly loaded model's first chunk carries a one-off warm-up (a GPU's kernels, graphs and cuBLAS handles:
+    ~0.4 s on an H200, where a token costs ~1 ms), and every probe loads a fresh model: so the warm-up is a cost
+    per pass, not per token. Counted per token over a 128-token calibration it made an H200's estimate 1.8× the
+    measured time at 4 layers (docs/quant.md). The rate comes from the chunks after the first; the first
+    chunk's excess over that rate is added to the load. With one chunk only, the warm-up stays in the rate."""
+    n = max(1, sum(p[2] for p in parts))
+    kl = sum(p[1] for p in parts) / n
+    if len(parts) < 2:
+        return load_s, sum(p[0] + p[1] for p in parts) / n, kl
+    rest = parts[1:]
+    m = sum(p[2] for p in rest)
+    rate = sum(p[0] + p[1] for p in rest) / m
+    first = parts[0][0] + parts[0][1]
+    return load_s + max(0.0, first - parts[0][2] * rate), rate, sum(p[1] for p in rest) / m
 
 
 def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types, probe_type: str):
