@@ -3,7 +3,8 @@
 
     python -m benchmarks.served_vision_table [--work DIR] [--tokens 12]
         [--json benchmarks/results/served-vision/cpu.json]
-    python -m benchmarks.served_vision_table --sweep [--pictures 60] [--clips 12] [--mmproj f32 f16] [--json FILE]
+    python -m benchmarks.served_vision_table --sweep [--pictures 60] [--clips 12] [--mmproj f32 f16]
+        [--kv-cache f32|f16] [--json FILE]
 
 A synthetic MiniCPM-V 4.7 (M-RoPE over t, h and w; the small vocabulary, so the server's top_logprobs is the
 whole distribution and the KL is exact) is converted (F32 target, F32 mmproj, 16x and 4x) and served twice with
@@ -16,7 +17,7 @@ teacher-forced on the server's own tokens; KL(transformers ‖ server) per gener
 every token: `--pictures` random pictures of as many shapes and the first `--clips` of served_sweep.CLIPS (12),
 per mmproj type, each chat's largest |Δ log-probability| over the server's top-5 and greedy agreement against
 transformers' PIL and torchvision image processors (pictures) and its video processor with torchvision's CPU
-resize (clips).
+resize (clips). The server keeps K/V in F32 (`--kv-cache f16`: serve's default, the text tower's one F16 step).
 The runtime is `ggufbridge serve`'s (LLAMA_CPP_BIN picks another build: the ablation in docs/vision.md).
 """
 
@@ -62,10 +63,12 @@ def main() -> None:
     ap.add_argument("--pictures", type=int, default=60)
     ap.add_argument("--clips", type=int, default=12, help="the first N of served_sweep.CLIPS")
     ap.add_argument("--mmproj", nargs="+", default=["f32", "f16"], choices=["f32", "f16"])
+    ap.add_argument("--kv-cache", default="f32", choices=["f32", "f16"],
+                    help="the served K/V cache type for --sweep (f16: serve's default recipe)")
     a = ap.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="served-vision-"))
     if a.sweep:
-        run_sweep(work, a.pictures, a.clips, a.mmproj, a.json)
+        run_sweep(work, a.pictures, a.clips, a.mmproj, a.json, a.kv_cache)
         return
     ck = work / "ck"
     if not (ck / "config.json").is_file():
@@ -115,22 +118,25 @@ def main() -> None:
         a.json.write_text(json.dumps(rows, indent=2) + "\n")
 
 
-def run_sweep(work: Path, n_pictures: int, n_clips: int, mmprojs: list[str], json_path: Path | None) -> None:
+def run_sweep(work: Path, n_pictures: int, n_clips: int, mmprojs: list[str], json_path: Path | None,
+              kv_cache: str = "f32") -> None:
     from ggufbridge.convert import convert
     from ggufbridge.testkit import served_sweep as sw
 
     ck, ref = sw.make_model(work)
     pictures = sw.picture_sizes(n_pictures)
-    result = {}
+    result: dict = {"router_delta": sw.ROUTER_DELTA, "kv_cache": kv_cache}
     for mm in mmprojs:
         out = work / f"sweep-out-{mm}"
         if not (out / "manifest.json").is_file():
             convert(ck, out, outtype="f32", mmproj_outtype=mm, progress=False)
-        rows = sw.sweep(out, ck, ref, pictures, sw.CLIPS[:n_clips], work, work / f"sweep-{mm}.log", progress=True)
+        rows = sw.sweep(out, ck, ref, pictures, sw.CLIPS[:n_clips], work, work / f"sweep-{mm}.log", progress=True,
+                        kv_cache=kv_cache)
         result[mm] = rows
         pic = [r for r in rows if r["kind"] == "picture"]
         clips = [r for r in rows if r["kind"] == "clip"]
-        print(f"\n### {mm.upper()} projector: {len(pic)} pictures ({len({r['case'] for r in pic})} shapes, "
+        print(f"\n### {mm.upper()} projector, {kv_cache.upper()} K/V cache: {len(pic)} pictures "
+              f"({len({r['case'] for r in pic})} shapes, "
               f"{len({r['grid'] for r in pic})} grids), {len(clips)} clips; outside the bound: "
               f"{len(sw.failures(rows))}\n")
         print(f"pictures vs PIL: max abs dlogp {max(r['pil_dlogp'] for r in pic):.4f}, greedy equal "
