@@ -258,24 +258,22 @@ def clip_row(url: str, ck: Path, ref, clip: Clip, path: Path, ban: dict) -> dict
             "video_dlogp": deviation(lp, turn.top), "video_greedy": greedy_equal(lp, turn.ids, ban)}
 
 
-KV_CACHE = "f32"
-
-
-def kv_recipe(work: Path, kv_cache: str) -> Path:
-    """A recipe file: serve's default (the packaged cpu recipe) with a `kv_cache` K/V cache. The cpu recipe keeps
-    K/V in F16, the text tower's one F16 step: it moves this model's log-probabilities by 2e-4 to 1.4e-3 (F32 K/V:
-    ~1e-5, as transformers float32 against float64), and a greedy token whose reference top two are closer than
-    that can come out either way (docs/vision.md, "The references")."""
-    path = Path(work) / f"recipe-kv-{kv_cache}.toml"
-    path.write_text(f'base = "cpu"\n\n[server]\ncache_type_k = "{kv_cache}"\ncache_type_v = "{kv_cache}"\n')
+def f32_attention_recipe(work: Path) -> Path:
+    """A recipe file: serve's default (the packaged cpu recipe) with the text tower's attention in F32. The cpu
+    recipe keeps K/V in F16 and lets flash attention on, and the CPU flash-attention path computes in F16 whatever
+    the cache holds (llama-graph casts F32 K/V to F16, Q is converted to F16 for K·Q, V is summed in an F16
+    accumulator): on this model that moves the served log-probabilities by 2e-4 to 1.4e-3 from transformers; with
+    F32 K/V and flash attention off, by ~1e-5, as transformers float32 is from its float64 twin (docs/vision.md)."""
+    path = Path(work) / "recipe-f32-attention.toml"
+    path.write_text('base = "cpu"\n\n[server]\ncache_type_k = "f32"\ncache_type_v = "f32"\nflash_attn = "off"\n')
     return path
 
 
 def sweep(out_dir: Path, ck: Path, ref, pictures: list[tuple[int, int]], clips: list[Clip], work: Path,
-          log: Path, progress: bool = False, seeds: list[int] | None = None, kv_cache: str = KV_CACHE) -> list[dict]:
-    """Every picture and clip through one `ggufbridge serve OUT_DIR` session (the user's command, with a
-    `kv_cache` K/V cache: F32 by default, so that an F32 model and mmproj are served in F32 throughout), a row each.
-    Picture k is random_image(seed=seeds[k]), by default seed k (the full sweep's numbering)."""
+          log: Path, progress: bool = False, seeds: list[int] | None = None, f32_attention: bool = True) -> list[dict]:
+    """Every picture and clip through one `ggufbridge serve OUT_DIR` session (the user's command), a row each;
+    `f32_attention`: with f32_attention_recipe, so that an F32 model is served in F32 throughout (otherwise serve's
+    default recipe). Picture k is random_image(seed=seeds[k]), by default seed k (the full sweep's numbering)."""
     import sys
 
     from tqdm import tqdm
@@ -284,7 +282,9 @@ def sweep(out_dir: Path, ck: Path, ref, pictures: list[tuple[int, int]], clips: 
 
     port = sv.free_port()
     argv = [sys.executable, "-m", "ggufbridge", "serve", str(out_dir), "--port", str(port), "--ctx", "8192",
-            "--recipe", str(kv_recipe(work, kv_cache)), "--log", str(log)]
+            "--log", str(log)]
+    if f32_attention:
+        argv += ["--recipe", str(f32_attention_recipe(work))]
     srv = sv.Server(argv, "127.0.0.1", port, log.with_name(log.name + ".console")).start()
     rows = []
     try:
@@ -305,6 +305,10 @@ def sweep(out_dir: Path, ck: Path, ref, pictures: list[tuple[int, int]], clips: 
     return rows
 
 
+def _dlogp(x: float) -> str:
+    return f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"  # served in F32 throughout, most cases are ~1e-5
+
+
 def table(rows: list[dict]) -> str:
     """The sweep as a markdown table: per case the prompt lengths, the deviation and greedy agreement against each
     reference, and for pictures how far the two image references are from each other."""
@@ -314,12 +318,12 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         if r["kind"] == "picture":
             lines.append(f"| {r['case']} | {r['grid']} | {r['prompt_tokens']} / {r['pil_tokens']} | "
-                         f"{r['pil_dlogp']:.4f} {'yes' if r['pil_greedy'] else '**no**'} | "
-                         f"{r['torchvision_dlogp']:.4f} {'yes' if r['torchvision_greedy'] else '**no**'} | "
-                         f"{r['ref_pixel_frac']:.1%} ({r['ref_pixel_max']:.0f}) , {r['ref_gap']:.4f} |")
+                         f"{_dlogp(r['pil_dlogp'])} {'yes' if r['pil_greedy'] else '**no**'} | "
+                         f"{_dlogp(r['torchvision_dlogp'])} {'yes' if r['torchvision_greedy'] else '**no**'} | "
+                         f"{r['ref_pixel_frac']:.1%} ({r['ref_pixel_max']:.0f}) , {_dlogp(r['ref_gap'])} |")
         else:
             lines.append(f"| {r['case']} | clip | {r['prompt_tokens']} / {r['video_tokens']} | - | "
-                         f"{r['video_dlogp']:.4f} {'yes' if r['video_greedy'] else '**no**'} | - |")
+                         f"{_dlogp(r['video_dlogp'])} {'yes' if r['video_greedy'] else '**no**'} | - |")
     return "\n".join(lines)
 
 
