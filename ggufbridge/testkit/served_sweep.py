@@ -28,13 +28,13 @@ from ggufbridge.testkit.vision import SPEC_THW, hf_processor, hf_video_processor
 SLICE = 224  # a small slice keeps the tower cheap while the processor still picks every grid up to 9 slices
 # top-3 of 8 experts: the best pair, then one member of the second pair, whose two router rows nearly tie
 SPEC = dataclasses.replace(SPEC_THW, slice_size=SLICE, linear_k_dim=16, linear_v_dim=16, experts=8, top_k=3)
-# relative difference of the paired router rows (tie_prone_router). The router margin that decides a pair scales
-# with it; float32 rounding moves that margin by ~1e-7 (transformers float32 vs float64: median 7e-8, p99 6e-7),
-# an F16 projector by ~1e-4 and more. At 5e-4, 6 of 1,584 scored (position, layer) margins of the 66 sweep and suite
-# pictures were below 1e-6, and one (93x248, layer 0, 5.5e-8 ≈ 1 ulp) made transformers float32 and float64 differ
-# by 1.05 in log-probability: a bound no float32 runtime can be held to. At 1e-2 the smallest is 1e-6 (that same
-# token) and float32 vs float64 stay within 2e-5 on all 66, while the F16 projector still breaks the bound on 16
-# (docs/vision.md, "The references")
+# relative difference of the paired router rows (tie_prone_router). The margin that decides a pair scales with
+# it; float32 rounding moves a margin by ~1e-7 (transformers float32 vs float64: median 7e-8, p99 4e-7 to 6e-7),
+# an F16 projector by ~1e-5 (median; p90 4e-5). At 5e-4, 6 of the 1,584 scored (position, layer) margins of the
+# sweep's and the suite's 66 pictures were below 1e-6, and one (93x248, layer 0, 5.5e-8, ~1 ulp) made transformers
+# float32 and float64 differ by 1.05 in log-probability: a bound no float32 runtime can be held to. At 1e-2 the
+# smallest is 9.5e-7 (that same token), float32 and float64 agree within 2e-5 on all 66, and the F16 projector
+# still breaks the bound on 16 of them (benchmarks/router_delta.py; docs/vision.md, "The references")
 ROUTER_DELTA = 0.01
 TOP = 5
 N_TOKENS = 6
@@ -175,25 +175,28 @@ def float64_twin(ref):
     return twin
 
 
-def reference_noise(ck: Path, ref, ref64, size: tuple[int, int], seed: int, ban: dict) -> dict:
-    """How far two correct implementations of the reference are apart on one sweep picture: transformers float32
-    (the sweep's reference) against its float64 twin, teacher-forced on float32's own greedy tokens (N_TOKENS,
-    `ban` as the server's logit_bias). A router whose near-ties fall below float32 rounding makes these two
-    disagree as much as any served run can, and then the sweep's bound tests the rounding, not the runtime."""
+def reference_greedy(ref, inputs, ban: dict, n: int = N_TOKENS) -> list[int]:
+    """transformers' own greedy continuation of a processed picture chat (`ban` as the server's logit_bias)."""
     import torch
 
-    msgs = [sc.user_turn([random_image(*size, seed=seed)], QUESTION)]
-    inputs = sc.hf_prompt(hf_processor(ck), msgs)
-    prompt = inputs["input_ids"][0].tolist()
-    banned = [int(k) for k in ban]
-    ids: list[int] = []
-    for _ in range(N_TOKENS):
+    prompt, banned, ids = inputs["input_ids"][0].tolist(), [int(k) for k in ban], []
+    for _ in range(n):
         tt = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(ids), dtype=torch.long)], 1)
         with torch.no_grad():
             last = ref(input_ids=torch.tensor([prompt + ids]), mm_token_type_ids=tt,
                        pixel_values=inputs["pixel_values"], target_sizes=inputs["target_sizes"]).logits[0, -1]
         last[banned] = -torch.inf
         ids.append(int(last.argmax()))
+    return ids
+
+
+def reference_noise(ck: Path, ref, ref64, size: tuple[int, int], seed: int, ban: dict) -> dict:
+    """How far two correct implementations of the reference are apart on one sweep picture: transformers float32
+    (the sweep's reference) against its float64 twin, teacher-forced on float32's own greedy tokens (N_TOKENS,
+    `ban` as the server's logit_bias). A router whose near-ties fall below float32 rounding makes these two
+    disagree as much as any served run can, and then the sweep's bound tests the rounding, not the runtime."""
+    inputs = sc.hf_prompt(hf_processor(ck), [sc.user_turn([random_image(*size, seed=seed)], QUESTION)])
+    ids = reference_greedy(ref, inputs, ban)
     lp32 = sc.hf_scores(ref, inputs, ids)
     lp64 = sc.hf_scores(ref64, {**inputs, "pixel_values": inputs["pixel_values"].double()}, ids)
     return {"case": f"{size[0]}x{size[1]}", "ids": ids, "dlogp": float(np.abs(lp64 - lp32).max()),
