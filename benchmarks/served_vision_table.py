@@ -3,7 +3,8 @@
 
     python -m benchmarks.served_vision_table [--work DIR] [--tokens 12]
         [--json benchmarks/results/served-vision/cpu.json]
-    python -m benchmarks.served_vision_table --sweep [--pictures 60] [--clips 12] [--mmproj f32 f16] [--json FILE]
+    python -m benchmarks.served_vision_table --sweep [--pictures 60] [--clips 12] [--mmproj f32 f16]
+        [--default-attention] [--json FILE]
 
 A synthetic MiniCPM-V 4.7 (M-RoPE over t, h and w; the small vocabulary, so the server's top_logprobs is the
 whole distribution and the KL is exact) is converted (F32 target, F32 mmproj, 16x and 4x) and served twice with
@@ -16,7 +17,8 @@ teacher-forced on the server's own tokens; KL(transformers ‖ server) per gener
 every token: `--pictures` random pictures of as many shapes and the first `--clips` of served_sweep.CLIPS (12),
 per mmproj type, each chat's largest |Δ log-probability| over the server's top-5 and greedy agreement against
 transformers' PIL and torchvision image processors (pictures) and its video processor with torchvision's CPU
-resize (clips).
+resize (clips). The text tower's attention is served in F32 (F32 K/V, flash attention off: served_sweep's
+f32_attention_recipe); `--default-attention` serves with the cpu recipe as it is (F16 K/V, flash attention).
 The runtime is `ggufbridge serve`'s (LLAMA_CPP_BIN picks another build: the ablation in docs/vision.md).
 """
 
@@ -62,10 +64,12 @@ def main() -> None:
     ap.add_argument("--pictures", type=int, default=60)
     ap.add_argument("--clips", type=int, default=12, help="the first N of served_sweep.CLIPS")
     ap.add_argument("--mmproj", nargs="+", default=["f32", "f16"], choices=["f32", "f16"])
+    ap.add_argument("--default-attention", action="store_true",
+                    help="--sweep with serve's default recipe (F16 K/V, flash attention) instead of F32 attention")
     a = ap.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="served-vision-"))
     if a.sweep:
-        run_sweep(work, a.pictures, a.clips, a.mmproj, a.json)
+        run_sweep(work, a.pictures, a.clips, a.mmproj, a.json, not a.default_attention)
         return
     ck = work / "ck"
     if not (ck / "config.json").is_file():
@@ -115,28 +119,32 @@ def main() -> None:
         a.json.write_text(json.dumps(rows, indent=2) + "\n")
 
 
-def run_sweep(work: Path, n_pictures: int, n_clips: int, mmprojs: list[str], json_path: Path | None) -> None:
+def run_sweep(work: Path, n_pictures: int, n_clips: int, mmprojs: list[str], json_path: Path | None,
+              f32_attention: bool = True) -> None:
     from ggufbridge.convert import convert
     from ggufbridge.testkit import served_sweep as sw
 
     ck, ref = sw.make_model(work)
     pictures = sw.picture_sizes(n_pictures)
-    result = {}
+    result: dict = {"router_delta": sw.ROUTER_DELTA, "f32_attention": f32_attention}
     for mm in mmprojs:
         out = work / f"sweep-out-{mm}"
         if not (out / "manifest.json").is_file():
             convert(ck, out, outtype="f32", mmproj_outtype=mm, progress=False)
-        rows = sw.sweep(out, ck, ref, pictures, sw.CLIPS[:n_clips], work, work / f"sweep-{mm}.log", progress=True)
+        rows = sw.sweep(out, ck, ref, pictures, sw.CLIPS[:n_clips], work, work / f"sweep-{mm}.log", progress=True,
+                        f32_attention=f32_attention)
         result[mm] = rows
         pic = [r for r in rows if r["kind"] == "picture"]
         clips = [r for r in rows if r["kind"] == "clip"]
-        print(f"\n### {mm.upper()} projector: {len(pic)} pictures ({len({r['case'] for r in pic})} shapes, "
+        attn = "F32 attention" if f32_attention else "serve's default attention (F16)"
+        print(f"\n### {mm.upper()} projector, {attn}: {len(pic)} pictures "
+              f"({len({r['case'] for r in pic})} shapes, "
               f"{len({r['grid'] for r in pic})} grids), {len(clips)} clips; outside the bound: "
               f"{len(sw.failures(rows))}\n")
-        print(f"pictures vs PIL: max abs dlogp {max(r['pil_dlogp'] for r in pic):.4f}, greedy equal "
+        print(f"pictures vs PIL: max abs dlogp {max(r['pil_dlogp'] for r in pic):.2g}, greedy equal "
               f"{sum(r['pil_greedy'] for r in pic)}/{len(pic)}; vs torchvision: "
-              f"{max(r['torchvision_dlogp'] for r in pic):.4f}, {sum(r['torchvision_greedy'] for r in pic)}/"
-              f"{len(pic)}; clips vs the video processor: {max(r['video_dlogp'] for r in clips):.4f}, "
+              f"{max(r['torchvision_dlogp'] for r in pic):.2g}, {sum(r['torchvision_greedy'] for r in pic)}/"
+              f"{len(pic)}; clips vs the video processor: {max(r['video_dlogp'] for r in clips):.2g}, "
               f"{sum(r['video_greedy'] for r in clips)}/{len(clips)}\n")
         print(sw.table(rows))
         if json_path:

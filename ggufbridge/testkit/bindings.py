@@ -106,15 +106,18 @@ class VisionSession:
     """A text GGUF + its mmproj loaded through llama-cpp-python. Use as a context manager."""
 
     def __init__(self, model_path, mmproj_path, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512, verbose: bool = False):
+                 n_batch: int = 512, verbose: bool = False, f32_kv: bool = False):
         import llama_cpp
         from llama_cpp import mtmd_cpp
 
         self.info = read_mmproj(mmproj_path)
         if not verbose:
             _quiet_runtime_logs()
+        # f32_kv: an F32 K/V cache (type 0 = GGML_TYPE_F32; flash attention stays off, as the bindings default it),
+        # the text tower in F32 throughout; the default F16 cache moves this path's logits by ~1e-4
+        kv = {"type_k": 0, "type_v": 0} if f32_kv else {}
         self.llm = llama_cpp.Llama(str(model_path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                                   n_threads=n_threads, verbose=verbose, logits_all=False)
+                                   n_threads=n_threads, verbose=verbose, logits_all=False, **kv)
         self._lc = llama_cpp
         self._mt = mtmd_cpp
         self.n_embd = llama_cpp.llama_model_n_embd(self.llm.model)
