@@ -257,6 +257,32 @@ def test_fit_budget_time_errors_are_one_line(model, cal, tmp_path):
     assert r.exit_code == 2 and "--fit-budget-time only applies with --fit or --fit-bytes" in r.output
 
 
+def test_a_work_folder_without_room_for_the_probe_layout_is_refused_before_any_copy(model, cal, tmp_path,
+                                                                                   monkeypatch):
+    """The probes need a copy of the source in --work (69 GB for the 35B-A3B): a disk without room is refused in
+    one line before the header measurement or the layout writes anything, not halfway through a copy."""
+    import shutil
+    from collections import namedtuple
+
+    from ggufbridge.quant import sensitivity
+
+    real = shutil.disk_usage
+    Usage = namedtuple("Usage", "total used free")
+    size = model.stat().st_size
+    monkeypatch.setattr(sensitivity.shutil, "disk_usage", lambda p: Usage(10 * size, 9 * size, size // 2))
+    work = tmp_path / "w"
+    r = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(tmp_path / "o.gguf"), "--fit-bytes", "3MB",
+                                 "--ctx", "0", "--calibration", str(cal), "--work", str(work), "--threads",
+                                 str(THREADS)])
+    assert r.exit_code == 2, r.output
+    assert "the sensitivity pass needs" in r.output and "Traceback" not in r.output
+    assert not list(work.glob("*/probe")) and not list(work.glob("*/header.gguf"))
+    assert not (tmp_path / "o.gguf").exists()
+    # with the room, the same command gets past that point (the check reads the real disk)
+    monkeypatch.setattr(sensitivity.shutil, "disk_usage", real)
+    sensitivity._check_disk(tmp_path, sensitivity.read_header(model))
+
+
 def test_sampled_errors_estimate_the_full_ones(model):
     """The error pass quantises large tensors at every type on a sample of rows only: on this model's expert
     tensors (524,288 weights, sampled at 131,072) the estimate is within 5% of the full sum for every type."""

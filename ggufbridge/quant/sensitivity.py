@@ -42,6 +42,7 @@ from ggufbridge.quant import types as qt
 from ggufbridge.quant.classes import classify
 from ggufbridge.quant.filesize import HeaderModel
 from ggufbridge.quant.mix import KEPT_TYPE, Mix
+from ggufbridge.units import human_size
 
 log = logging.getLogger(__name__)
 
@@ -470,6 +471,18 @@ def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types
     return sum(per.values()), per[probe_type]
 
 
+def _check_disk(work: Path, header: GGUFHeader) -> None:
+    """The header measurement (a copy of the source, deleted after) and then the probe layout (another, kept
+    until the measurement ends) each need the source's size free in the work folder: refused before either is
+    written, not halfway through a copy (a 35B-A3B source is 69 GB)."""
+    have = sum(f.stat().st_size for f in (work / "probe").glob("*.src.gguf")) if (work / "probe").is_dir() else 0
+    need = int(header.file_bytes * 1.02) + (64 << 20) - have
+    free = shutil.disk_usage(work).free
+    if free < need:
+        raise QuantError(f"--work {work}: the sensitivity pass needs {human_size(need)} free there (a copy of the "
+                         f"source for its probes), {human_size(free)} is free; give --work a folder on a larger disk")
+
+
 def _measure_header(src: Path, header: GGUFHeader, work: Path, imatrix, threads, runtime) -> HeaderModel:
     """The KV section llama-quantize writes for this source: measured on one of its outputs (every tensor kept at
     its source type: a copy, no quantisation)."""
@@ -626,6 +639,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         timings["reference_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
+        _check_disk(work, header)
         header_model = _measure_header(src, header, work, imatrix, threads, runtime)
         layout = ProbeModel(src, units, work / "probe")
         layout.build()
