@@ -22,9 +22,10 @@ print(build(Path(sys.argv[1]), int(sys.argv[2]), 256, 'real'))" "$WORK/fit" "${l
 fi
 res=$WORK/fit-h200.json
 df -h "$WORK" | tail -1
-# llama_cpp imported first in every Python process (llama_first/sitecustomize.py says why: a CLI process
-# crashed at its first GPU load without it)
-export PYTHONPATH=$PWD/benchmarks/gpu/llama_first${PYTHONPATH:+:$PYTHONPATH}
+# LLAMA_FIRST=1: llama_cpp imported first in every Python process (llama_first/sitecustomize.py), as the figures of
+# 2026-12-05 were taken: a CLI process then crashed at its first GPU load without it. The CLI now loads the bindings
+# before numpy itself (ggufbridge/cli/__init__.py BINDINGS_FIRST); a run without LLAMA_FIRST checks that it suffices
+[ "${LLAMA_FIRST:-0}" = 1 ] && export PYTHONPATH=$PWD/benchmarks/gpu/llama_first${PYTHONPATH:+:$PYTHONPATH}
 (while sleep 20; do [ -f "$res" ] && cp "$res" "$OUT/"; done) &
 watch=$!
 python3 -m benchmarks.bench_fit_scaling --work "$WORK/fit" --layers "${layers[@]}" --experts 256 --vocab real \

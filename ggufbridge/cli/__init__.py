@@ -37,6 +37,21 @@ COMMANDS = {
     "verify": "verify",
 }
 
+# commands that load models in this process through the bindings (llama_cpp): the bindings' native libraries are
+# loaded before the command imports numpy. On the H200 image a CLI process that had imported numpy first died with
+# SIGSEGV at its first GPU model load (3 runs of 3), while processes that imported llama_cpp first did not
+# (docs/quant.md, "Known problem"); llama-cpp-python users report the same for pandas imported first
+# (abetlen/llama-cpp-python#1581). `doctor` imports the bindings in a child interpreter on purpose and is left out.
+BINDINGS_FIRST = frozenset({"compare", "dump-logits", "quantize", "imatrix", "demo"})
+
+
+def _load_bindings_first() -> None:
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception:  # noqa: BLE001 - a missing or broken runtime is reported where the command uses it
+        pass
+
+
 # -v / -vv: the level of ggufbridge's own loggers and of everything else (libraries: huggingface_hub, urllib3...).
 # Without -v ggufbridge says at INFO what it decided on the user's behalf (a layout it recognised, a file it removed
 # or replaced, a download's path); -v adds its DEBUG lines, -vv the libraries' too.
@@ -64,6 +79,8 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(name)
         if module is None:
             return None
+        if name in BINDINGS_FIRST and "numpy" not in sys.modules:
+            _load_bindings_first()
         cmd = importlib.import_module(f"ggufbridge.cli.{module}").command
         if not getattr(cmd, "_ggufbridge_errors", False):  # wrap once per process, however often it is looked up
             cmd.callback = user_errors(interruptible(cmd.callback))

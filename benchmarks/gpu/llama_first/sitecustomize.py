@@ -1,4 +1,4 @@
-"""Imported by Python at start-up when this folder is on PYTHONPATH (benchmarks/gpu/fit_scaling.sh puts it there):
+"""Imported by Python at start-up when this folder is on PYTHONPATH (benchmarks/gpu/fit_scaling.sh with LLAMA_FIRST=1):
 llama_cpp, and with it libllama and the CUDA backend, loaded before anything else of the process, and the
 bindings' models loaded verbose.
 
@@ -6,7 +6,8 @@ Why: on the H200 image (2026-12-05), `ggufbridge quantize --fit-bytes` in a plai
 inside llama_model_load_from_file at its first GPU load, three runs of three, while the same loads passed in
 scripts that import llama_cpp first (verbose or not), and the whole fit-scaling run passed with this file. The
 cause is not established (the import order is the one difference the runs show; docs/quant.md "Known problem").
-This is the benchmark's workaround so that its figures can be reproduced, not a fix."""
+This is how the benchmark's figures were taken; the CLI itself now loads the bindings before numpy
+(ggufbridge/cli/__init__.py BINDINGS_FIRST), not yet run on the device."""
 
 try:
     import llama_cpp
