@@ -224,6 +224,40 @@ def test_search_order(tmp_path, monkeypatch):
         loc.locate(tmp_path / "nope")
 
 
+def test_the_build_the_bindings_are_bound_to_comes_first(tmp_path, monkeypatch):
+    """`build-runtime --perf` on a CPU binds the bindings to the core + performance build while the core build
+    stays cached: the tools must then be the same build as the bindings, not the first in the default order."""
+    from ggufbridge.runtime.patches import build_series
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GGUFBRIDGE_CACHE", str(cache))
+    monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)
+    core = _cached(cache, "cpu")
+    perf = _cached(cache, "cpu", patch_hash=series_hash(build_series("cpu", True)))
+    monkeypatch.setattr(loc, "bindings_bin_dir", lambda: perf)
+    assert loc.locate().bin_dir == perf
+    monkeypatch.setattr(loc, "bindings_bin_dir", lambda: core)
+    assert loc.locate().bin_dir == core
+    monkeypatch.setattr(loc, "bindings_bin_dir", lambda: tmp_path)  # bound elsewhere: the documented order
+    assert loc.locate().bin_dir == core
+
+
+def test_bindings_bin_dir_is_where_the_bindings_load_libllama_from():
+    """Read from the llama_cpp/lib links without importing the bindings: the same folder a child interpreter that
+    imports them maps libllama from."""
+    import subprocess
+    import sys
+
+    bound = loc.bindings_bin_dir()
+    if bound is None:
+        pytest.skip("the bindings are not bound by build_runtime.sh here")
+    out = subprocess.run([sys.executable, "-c", "import llama_cpp, os; print(sorted({os.path.dirname(l.split()[-1]) "
+                          "for l in open('/proc/self/maps') if 'libllama.so' in l}))"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([str(bound)])
+
+
 def test_doctor_without_any_runtime(tmp_path, monkeypatch):
     monkeypatch.setenv("GGUFBRIDGE_CACHE", str(tmp_path / "empty"))
     monkeypatch.delenv("LLAMA_CPP_BIN", raising=False)

@@ -3,7 +3,9 @@
 Order: an explicit `--llama-bin DIR` (a user's own build), then `$LLAMA_CPP_BIN`, then the cached build
 that native/build_runtime.sh (`ggufbridge build-runtime`) writes to
 `${GGUFBRIDGE_CACHE:-~/.cache/ggufbridge}/llama.cpp-VERSION-{cuda,cpu}-pHASH` for this package's patch series (CUDA
-preferred when both exist; each variant's default parts first, then the other choice: patches.build_series).
+preferred when both exist; each variant's default parts first, then the other choice: patches.build_series), except
+that a cached build the in-process bindings are bound to (their llama_cpp/lib links, build_runtime.sh --python)
+comes first: after `build-runtime --perf` on a CPU the tools and the bindings are then the same build.
 Every candidate is validated the same way by `check()`.
 """
 
@@ -165,7 +167,7 @@ def locate(llama_bin: str | os.PathLike | None = None) -> Runtime:
     env_bin = os.environ.get("LLAMA_CPP_BIN")
     if env_bin:
         return _from_dir(Path(env_bin), "LLAMA_CPP_BIN")
-    tried = []
+    tried, found = [], []
     for variant, want in cached_keys():
         # the build of this package's patch series (build_runtime.sh keys the folder by its hash)
         prefix = cache_dir() / f"llama.cpp-{RUNTIME_VERSION}-{variant}-p{want}"
@@ -174,9 +176,34 @@ def locate(llama_bin: str | os.PathLike | None = None) -> Runtime:
         if info_path.is_file():
             info = _read_info(info_path)
             bin_dir = Path(info.get("bin") or prefix / "build" / "bin")
-            return Runtime(bin_dir=bin_dir, source=f"cache ({variant})", info=info)
+            found.append(Runtime(bin_dir=bin_dir, source=f"cache ({variant})", info=info))
+    if found:
+        bound = bindings_bin_dir()
+        return next((r for r in found if bound is not None and _same_dir(r.bin_dir, bound)), found[0])
     raise RuntimeNotFound(f"no llama.cpp runtime: no --llama-bin, no LLAMA_CPP_BIN, no cached build "
                           f"({', '.join(tried)}); {BUILD_HINT}")
+
+
+def bindings_bin_dir() -> Path | None:
+    """The folder the llama_cpp bindings of this interpreter load libllama from (build_runtime.sh links each
+    library of a build into llama_cpp/lib), found without importing them; None when they are not bound that way."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    lib = Path(spec.origin).parent / "lib" / "libllama.so"
+    return Path(os.path.realpath(lib)).parent if lib.is_symlink() else None
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def cached_keys() -> list[tuple[str, str]]:
