@@ -36,6 +36,8 @@
 #                                 (benchmarks/gpu/topk_sort; no runtime build, ~1 min)
 #   fit-scaling LAYERS...         quantize --fit-bytes at growing depth, 256 experts, the real vocabulary
 #                                 (fit_scaling.sh; sizes of earlier calls on a warm machine are kept)
+#   import-order                  numpy before or after the CUDA-built bindings: does a GPU load survive? (an
+#                                 unpatched minimal build, ~3 min; import_order.sh)
 #   moe-kernel                    the shaped multi-token MoE mat-vec alone (benchmarks/gpu/moe_kernel; no runtime
 #                                 build: the pinned sources' headers and nvcc, ~1 min)
 #
@@ -233,6 +235,8 @@ case $job in
                bash benchmarks/gpu/fit_scaling.sh generate "$@" > "$OUT/generate.log" 2>&1 & gen=$!
                setup_device; wait $gen || { tail -5 "$OUT/generate.log"; exit 1; }
                exec bash benchmarks/gpu/fit_scaling.sh run "$@" ;;
+  import-order) setup_device --no-runtime; extract_sources
+                exec bash benchmarks/gpu/import_order.sh "$CACHE/src/$SDIST" "$OUT" ;;
   moe-kernel) setup_device --no-runtime; extract_sources
               exec bash benchmarks/gpu/moe_kernel/run.sh "$CACHE/src/$SDIST/vendor/llama.cpp" "$OUT" ;;
   *) sed -n 2,39p "$0"; [ -z "$job" ] || [ "$job" = -h ] || [ "$job" = --help ] || exit 2 ;;
