@@ -38,10 +38,10 @@ COMMANDS = {
 }
 
 # commands that load models in this process through the bindings (llama_cpp): the bindings' native libraries are
-# loaded before the command imports numpy. On the H200 image a CLI process that had imported numpy first died with
-# SIGSEGV at its first GPU model load (3 runs of 3), while processes that imported llama_cpp first did not
-# (docs/quant.md, "Known problem"); llama-cpp-python users report the same for pandas imported first
-# (abetlen/llama-cpp-python#1581). `doctor` imports the bindings in a child interpreter on purpose and is left out.
+# loaded before the command imports numpy. On the H200 image a process that had imported numpy first died with
+# SIGSEGV at its first GPU model load, the unpatched tree too (4 runs of 4; llama_cpp first: 2 of 2 loaded;
+# benchmarks/device.sh import-order, docs/quant.md "Known problem"); llama-cpp-python users report the same for
+# pandas imported first (abetlen/llama-cpp-python#1581). `doctor` imports the bindings in a child interpreter on purpose and is left out.
 BINDINGS_FIRST = frozenset({"compare", "dump-logits", "quantize", "imatrix", "demo"})
 
 

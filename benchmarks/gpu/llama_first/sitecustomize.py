@@ -5,7 +5,8 @@ bindings' models loaded verbose.
 Why: on the H200 image (2026-12-05), `ggufbridge quantize --fit-bytes` in a plain CLI process died with SIGSEGV
 inside llama_model_load_from_file at its first GPU load, three runs of three, while the same loads passed in
 scripts that import llama_cpp first (verbose or not), and the whole fit-scaling run passed with this file. The
-cause is not established (the import order is the one difference the runs show; docs/quant.md "Known problem").
+import order is the cause: on the unpatched tree numpy first crashed 4 of 4 GPU loads, llama_cpp first loaded 2 of 2
+(benchmarks/device.sh import-order; docs/quant.md "Known problem").
 This is how the benchmark's figures were taken; the CLI itself now loads the bindings before numpy
 (ggufbridge/cli/__init__.py BINDINGS_FIRST), not yet run on the device."""
 
