@@ -41,7 +41,8 @@ COMMANDS = {
 # loaded before the command imports numpy. On the H200 image a process that had imported numpy first died with
 # SIGSEGV at its first GPU model load, the unpatched tree too (4 runs of 4; llama_cpp first: 2 of 2 loaded;
 # benchmarks/device.sh import-order, docs/quant.md "Known problem"); llama-cpp-python users report the same for
-# pandas imported first (abetlen/llama-cpp-python#1581). `doctor` imports the bindings in a child interpreter on purpose and is left out.
+# pandas imported first (abetlen/llama-cpp-python#1581). `doctor` imports the bindings in a child interpreter on
+# purpose and is left out.
 BINDINGS_FIRST = frozenset({"compare", "dump-logits", "quantize", "imatrix", "demo"})
 
 
