@@ -488,7 +488,10 @@ def _check_disk(work: Path, header: GGUFHeader) -> None:
     """The header measurement (a copy of the source, deleted after) and then the probe layout (another, kept
     until the measurement ends) each need the source's size free in the work folder: refused before either is
     written, not halfway through a copy (a 35B-A3B source is 69 GB)."""
-    have = sum(f.stat().st_size for f in (work / "probe").glob("*.src.gguf")) if (work / "probe").is_dir() else 0
+    # a resumed run's layout is already written: only what is missing counts
+    layout = work / "probe"
+    have = sum(f.stat().st_size for f in [*layout.glob("*.src.gguf"), *layout.glob("main.gguf")]) \
+        if layout.is_dir() else 0
     need = int(header.file_bytes * 1.02) + (64 << 20) - have
     free = shutil.disk_usage(work).free
     if free < need:
