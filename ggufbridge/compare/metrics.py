@@ -286,10 +286,11 @@ class Accumulator:
     parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
     row_of: list[np.ndarray] = field(default_factory=list)
     kinds: dict[int, str] = field(default_factory=dict)
-    pool: ThreadPoolExecutor | None = None  # where chunk_stats runs, split by positions (None: this thread)
 
-    def add(self, row: int, kind: str, ref: Dense | TopK, cand: Dense, labels: np.ndarray) -> None:
-        stats = chunk_stats_threaded(ref, cand, np.asarray(labels), self.pool)
+    def add(self, row: int, kind: str, ref: Dense | TopK, cand: Dense, labels: np.ndarray,
+            pool: ThreadPoolExecutor | None = None) -> None:
+        """`pool`: where chunk_stats runs, split by positions (None: this thread)."""
+        stats = chunk_stats_threaded(ref, cand, np.asarray(labels), pool)
         for k, v in stats.items():
             self.parts.setdefault(k, []).append(v)
         self.row_of.append(np.full(cand.n, row, dtype=np.int64))

@@ -117,25 +117,20 @@ def _compare_one(ref: Source, cand: Source, rows: list[Row], chunk: int, progres
                  threads: int | None = None) -> Accumulator:
     """The figures of `cand` against `ref` on the rows; the per-position statistics on `threads` host threads
     (default: every core this process may use; the model itself is not running while they do)."""
-    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="kl") as pool:
-        return _compare_rows(ref, cand, rows, chunk, progress, desc, Accumulator(pool=pool))
-
-
-def _compare_rows(ref: Source, cand: Source, rows: list[Row], chunk: int, progress: bool, desc: str,
-                  acc: Accumulator) -> Accumulator:
-    with tqdm(total=sum(len(r.ids) for r in rows), unit="tok", disable=not progress, desc=desc, leave=False) as bar:
+    acc = Accumulator()
+    with ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="kl") as pool, \
+            tqdm(total=sum(len(r.ids) for r in rows), unit="tok", disable=not progress, desc=desc, leave=False) as bar:
         for i, row in enumerate(rows):
             labels = row.labels
             pos = 0
             for rc, cc in zip(ref.chunks(i, row, chunk), cand.chunks(i, row, chunk), strict=True):
                 if rc.n != cc.n:
                     raise LogitsMismatch(f"row {i}: reference gave {rc.n} positions, candidate {cc.n}")
-                acc.add(i, row.kind, rc, cc, labels[pos:pos + cc.n])
+                acc.add(i, row.kind, rc, cc, labels[pos:pos + cc.n], pool)
                 pos += cc.n
                 bar.update(cc.n)
             if pos != len(row.ids):
                 raise LogitsMismatch(f"row {i}: {pos} positions compared, row has {len(row.ids)}")
-    acc.pool = None  # the pool ends with the comparison; the figures stay
     return acc
 
 
