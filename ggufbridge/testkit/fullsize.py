@@ -99,19 +99,14 @@ class BlockPool:
     def __init__(self, qtype: str, n_blocks: int, rng: np.random.Generator):
         nb = BLOCK_BYTES[qtype]
         b = rng.integers(0, 256, size=(n_blocks, nb), dtype=np.uint8)
-        if qtype == "Q4_K":
+        if qtype in ("Q4_K", "Q5_K"):
             # d, dmin (fp16) | 12 bytes of 6-bit scales/mins, packed so every sub-block has scale = min = 16
-            # (get_scale_min_k4) | 128 bytes of nibbles. w = 16·d·q − 16·dmin with q uniform in 0..15.
-            d = WEIGHT_STD / (16 * 4.61)
+            # (get_scale_min_k4) | the quants: Q4_K 128 bytes of nibbles (q uniform in 0..15), Q5_K qh | qs
+            # (q uniform in 0..31). w = 16·d·q − 16·dmin, centred: dmin = d·qmax/2; q's std is 4.61 or 9.23
+            q_std, half = {"Q4_K": (4.61, 7.5), "Q5_K": (9.23, 15.5)}[qtype]
+            d = WEIGHT_STD / (16 * q_std)
             b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
-            b[:, 2:4] = np.frombuffer(np.float16(7.5 * d).tobytes(), np.uint8)
-            b[:, 4:12] = 16 | (1 << 6)
-            b[:, 12:16] = 0
-        elif qtype == "Q5_K":
-            # same 6-bit scale/min packing as Q4_K (scale = min = 16); qh | qs give q uniform in 0..31
-            d = WEIGHT_STD / (16 * 9.23)
-            b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
-            b[:, 2:4] = np.frombuffer(np.float16(15.5 * d).tobytes(), np.uint8)
+            b[:, 2:4] = np.frombuffer(np.float16(half * d).tobytes(), np.uint8)
             b[:, 4:12] = 16 | (1 << 6)
             b[:, 12:16] = 0
         elif qtype == "Q3_K":
