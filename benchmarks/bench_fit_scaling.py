@@ -119,7 +119,12 @@ def fit(rows: list[dict]) -> dict:
             "load_s_per_byte": float(max(d, 0.0)),
             "element_s": float(np.mean([r["cost"]["element_s"] for r in rows])),
             "probe_element_s": float(np.mean([r["cost"]["probe_element_s"] for r in rows])),
-            "byte_s": float(np.mean([r["cost"]["byte_s"] for r in rows]))}
+            "byte_s": float(np.mean([r["cost"]["byte_s"] for r in rows])),
+            # resident probes (runs since the runtime can write a loaded weight): per-probe writes, the final step
+            **{k: float(np.mean([r["cost"][k] for r in rows])) for k in ("final_element_s", "set_byte_s",
+                                                                          "swap_element_s")
+               if all(r["cost"].get(k) is not None for r in rows)},
+            "resident": all(r["cost"].get("resident") for r in rows)}
 
 
 def full_size(law: dict, counts: dict, tokens: int = 4096, types: int = 8) -> dict:
@@ -130,7 +135,10 @@ def full_size(law: dict, counts: dict, tokens: int = 4096, types: int = 8) -> di
                   probe_element_s=law["probe_element_s"],
                   load_s=law["load_s_fixed"] + law["load_s_per_byte"] * counts["bf16_bytes"],
                   token_s=law["token_s_head"] + law["token_s_per_layer"] * counts["layers"],
-                  element_s=law["element_s"], byte_s=law["byte_s"], reference_passes=1)
+                  element_s=law["element_s"], byte_s=law["byte_s"], reference_passes=1,
+                  final_element_s=law.get("final_element_s"), resident=law.get("resident", False),
+                  unit_bytes=2 * counts["weights"], set_byte_s=law.get("set_byte_s", 0.0),
+                  swap_element_s=law.get("swap_element_s", 0.0))
     return {"total_s": m.total(), "parts_s": m.parts(), "pass_s": m.pass_s(), "load_s": m.load_s,
             "token_s": m.token_s}
 
@@ -145,7 +153,7 @@ def _gpu() -> str | None:
 
 def save(a, rows: list[dict]):
     """The rows so far, the law fitted on them and its full-size estimate, written after every size."""
-    law = fit(rows)
+    law = fit([r for r in rows if r.get("probes", "auto") == a.probes[0]] or rows)
     counts = real_counts()
     full = full_size(law, counts)
     out = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": _gpu()},
@@ -169,6 +177,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fit-scaling" / "cpu.json")
     ap.add_argument("--verbose", action="store_true", help="run the commands with -v (llama.cpp's log in the logs)")
+    ap.add_argument("--probes", nargs="+", choices=("auto", "resident", "layout"), default=["auto"],
+                    help="--fit-probes of each run; several: each size once per mode, in the same call (an A/B); "
+                         "the law is fitted on the first")
     a = ap.parse_args(argv)
     if a.verbose:
         CLI_FLAGS.append("-v")
@@ -182,37 +193,44 @@ def main(argv=None) -> int:
     if a.out.is_file():
         old = json.loads(a.out.read_text())
         if all(old.get(k) == v for k, v in same.items()):
-            rows = [r for r in old["rows"] if r["layers"] not in a.layers]
-    for layers in a.layers:
+            rows = [r for r in old["rows"] if (r["layers"], r.get("probes", "auto")) not in
+                    {(n, m) for n in a.layers for m in a.probes}]
+    q4_times: dict[int, float] = {}
+    for layers, mode in [(n, m) for n in a.layers for m in a.probes]:
         src = build(a.work, layers, a.experts, a.vocab)
         d = src.parent
         q4 = d / "Q4_K_M.gguf"
-        q4_s, _ = run(["quantize", str(src), "-o", str(q4), "--quant", "Q4_K_M", "--threads", str(a.threads)],
-                      d / "q4.log")
+        if layers not in q4_times or not q4.is_file():  # once per size: the next mode reuses it
+            q4_times[layers], _ = run(["quantize", str(src), "-o", str(q4), "--quant", "Q4_K_M", "--threads",
+                                       str(a.threads)], d / "q4.log")
+        q4_s = q4_times[layers]
         work = d / "sens"
         if work.exists():
             shutil.rmtree(work)  # measured from scratch every time
         load = os.getloadavg()
         fit_s, err = run(["quantize", str(src), "-o", str(d / "fit.gguf"), "--fit-bytes", str(q4.stat().st_size),
                           "--ctx", "0", "--calibration", str(cal), "--work", str(work), "--threads",
-                          str(a.threads)] + (["--calibration-tokens", str(a.tokens)] if a.tokens else []),
-                         d / "fit.log")
+                          str(a.threads), "--fit-probes", mode]
+                         + (["--calibration-tokens", str(a.tokens)] if a.tokens else []), d / f"fit-{mode}.log")
         sens = json.loads(next(work.glob("*/sensitivity.json")).read_text())
         est = sens["timings"]["estimate_s"]
         printed = re.search(r"estimated total\s+(\S+ \S+)", err)
-        row = {"layers": layers, "experts": a.experts, "source_bytes": src.stat().st_size,
+        row = {"layers": layers, "probes": mode, "resident": sens["timings"].get("resident", False),
+               "experts": a.experts, "source_bytes": src.stat().st_size,
                "units": len(sens["units"]), "tokens": sens["n_tokens"], "quantize_q4_k_m_s": q4_s,
                "fit_bytes_s": fit_s, "estimate_s": est, "printed": printed.group(1) if printed else None,
                "ratio": fit_s / est, "timings": sens["timings"], "cost": sens["timings"]["cost"],
                "loadavg_before": load, "loadavg_after": os.getloadavg()}
         rows.append(row)
-        print(f"L={layers}: {row['units']} units, {row['source_bytes'] / 1e9:.2f} GB; quantize Q4_K_M {q4_s:.0f} s; "
+        print(f"L={layers} ({mode}): {row['units']} units, {row['source_bytes'] / 1e9:.2f} GB; quantize Q4_K_M "
+              f"{q4_s:.0f} s; "
               f"--fit-bytes {fit_s:.0f} s, estimate {est:.0f} s (measured/estimate {row['ratio']:.2f}); "
               f"load {load[0]:.1f}", flush=True)
-        for f in (q4, d / "fit.gguf"):
-            f.unlink(missing_ok=True)
+        (d / "fit.gguf").unlink(missing_ok=True)
+        if mode == a.probes[-1]:
+            q4.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)  # the next size needs the disk (a device has 64 GB)
-        rows.sort(key=lambda r: r["layers"])
+        rows.sort(key=lambda r: (r["layers"], r.get("probes", "auto")))
         law, full, counts = save(a, rows)
     print(f"law: {law}")
     print(f"35B-A3B ({counts['units']} units, {counts['weights'] / 1e9:.1f} B weights, "

@@ -177,8 +177,9 @@ def _fixed_cost(monkeypatch, token_s=1.0):
     """Calibration timings replaced by fixed ones, so that the estimate is known to the test."""
     from ggufbridge.quant import sensitivity
 
-    monkeypatch.setattr(sensitivity, "_time_pass", lambda *a, **k: (0.0, token_s, 0.0))
-    monkeypatch.setattr(sensitivity, "_time_quantisation", lambda *a, **k: (0.0, 0.0))
+    monkeypatch.setattr(sensitivity, "_time_pass", lambda *a, **k: (0.0, token_s, 0.0, 0.0))
+    monkeypatch.setattr(sensitivity, "_time_quantisation", lambda *a, **k: dict.fromkeys(
+        ("element_s", "probe_element_s", "final_element_s", "swap_element_s"), 0.0))
     monkeypatch.setattr(sensitivity, "_time_copy", lambda *a, **k: 0.0)
 
 
@@ -255,6 +256,9 @@ def test_fit_budget_time_errors_are_one_line(model, cal, tmp_path):
     r = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(tmp_path / "o.gguf"), "--quant", "Q8_0",
                                  "--fit-budget-time", "1h"])
     assert r.exit_code == 2 and "--fit-budget-time only applies with --fit or --fit-bytes" in r.output
+    r = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(tmp_path / "o.gguf"), "--quant", "Q8_0",
+                                 "--fit-probes", "layout"])
+    assert r.exit_code == 2 and "--fit-probes only applies with --fit or --fit-bytes" in r.output
 
 
 def test_a_work_folder_without_room_for_the_probe_layout_is_refused_before_any_copy(model, cal, tmp_path,
@@ -320,3 +324,138 @@ def test_a_passes_warm_up_is_counted_once_per_pass_not_per_token():
     assert 2.0 + 4096 * old > 1.5 * m.pass_s()
     # one chunk only: nothing to tell the warm-up from, it stays in the rate
     assert _pass_rates(2.0, parts[:1])[0] == 2.0
+
+
+# ------------------------------------------------------------------------------------ probes in the loaded model
+
+
+@pytest.fixture(scope="module")
+def resident(model, probe_setup):
+    from ggufbridge.quant.probe import ResidentModel
+
+    _, _, ev, _, _ = probe_setup
+    with ResidentModel(model, ctx=256, chunk=ev.chunk, n_gpu_layers=0, threads=THREADS) as r:
+        yield r
+
+
+def _probe_bytes(h, unit, names):
+    from ggufbridge.quant.ggmlq import Quantiser
+    from ggufbridge.quant.probe import probe_values
+    from ggufbridge.quant.sensitivity import unit_errors
+
+    with Quantiser(THREADS) as q:
+        _, kept = unit_errors(q, h, names, ["Q3_K"], keep="Q3_K")
+        return probe_values(q, h, kept)
+
+
+@pytest.mark.parametrize("unit", ["gdn_in@0", "experts_gate_up@1", "output"])
+def test_a_resident_probe_is_the_file_with_the_same_values(model, probe_setup, resident, unit):
+    """Written into the loaded model, a probe's values give the KL of a file that stores the same values (the split
+    layout with the unit's tensors at their source type, loaded by llama.cpp as any file): the write reaches the
+    tensors the names say, with the bytes given; after it, the model is the source again."""
+    h, layout, ev, _, _ = probe_setup
+    values = _probe_bytes(h, unit, layout.unit_tensors[unit])
+    assert all(h.tensor(n).type == "BF16" and v.nbytes == h.tensor(n).nbytes for n, v in values.items())
+    with resident.swapped(values) as loaded:
+        got = ev.kl(loaded)
+    stored = {n: (h.tensor(n).type, v) for n, v in values.items()}
+    with layout.swapped(unit, layout.write_probe(unit, stored)) as m:
+        want = ev.kl(m)
+    assert want > 1e-3  # a real perturbation
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
+    assert ev.kl(resident.source) == pytest.approx(ev.kl(model), rel=1e-6, abs=1e-9)  # restored
+
+
+def test_a_resident_probe_of_another_unit_differs(probe_setup, resident):
+    """The parity above can fail: the values of experts_gate_up@0 written where gdn_in@0's file has them."""
+    h, layout, ev, _, _ = probe_setup
+    wrong = _probe_bytes(h, "experts_gate_up@0", layout.unit_tensors["experts_gate_up@0"])
+    with resident.swapped(wrong) as loaded:
+        got = ev.kl(loaded)
+    values = _probe_bytes(h, "gdn_in@0", layout.unit_tensors["gdn_in@0"])
+    stored = {n: (h.tensor(n).type, v) for n, v in values.items()}
+    with layout.swapped("gdn_in@0", layout.write_probe("gdn_in@0", stored)) as m:
+        want = ev.kl(m)
+    assert abs(got - want) > 0.05 * want
+
+
+@pytest.mark.parametrize("unit", ["gdn_in@0", "experts_gate_up@1", "attention@1", "token_embd", "output"])
+def test_a_resident_probe_measures_what_the_quantised_file_measures(model, probe_setup, resident, tmp_path, unit):
+    """Against the whole-model file llama-quantize writes with only the unit at Q3_K (the probe before the
+    resident model): the values rounded to BF16 and run on BF16 kernels instead of Q3_K ones (whose activations
+    are rounded to Q8_K) move the probe's KL by a few per cent at most, where the units' KLs differ 25-fold."""
+    h, layout, ev, rows_path, ref = probe_setup
+    values = _probe_bytes(h, unit, layout.unit_tensors[unit])
+    with resident.swapped(values) as loaded:
+        got = ev.kl(loaded)
+    whole = _whole_model_kl(model, h, unit, "Q3_K", tmp_path, ref, rows_path)
+    assert got == pytest.approx(whole, rel=0.08)  # measured: 0.4% (4 units), 4.7% (attention@1)
+
+
+def test_a_loaded_weight_is_written_only_whole_and_never_into_a_mapped_file(model, probe_setup, resident):
+    """The runtime's guard (patch 0029): a mapped file is mapped read-only, a write there would fault the process;
+    the call refuses it, and a wrong name or size, in one line."""
+    from ggufbridge.compare.sources import GGUFSource
+    from ggufbridge.quant.probe import _SET_ERRORS, set_tensor_fn
+
+    h, layout, ev, _, _ = probe_setup
+    name = layout.unit_tensors["output"][0]
+    data = np.asarray(h.tensor_data(name))
+    with pytest.raises(QuantError, match="no such tensor"):
+        resident.write("blk.99.nothing.weight", data)
+    with pytest.raises(QuantError, match="size is not the tensor's"):
+        resident.write(name, data[:-2])
+    resident.write(name, data)  # its own bytes: accepted
+    f = set_tensor_fn()
+    with GGUFSource(model, n_ctx=64, chunk=64, n_threads=THREADS) as mapped:  # use_mmap: llama.cpp's default
+        b = np.ascontiguousarray(data)
+        rc = f(mapped.llm._model.model, name.encode(), b.ctypes.data, b.nbytes)
+    assert _SET_ERRORS[rc] == "the tensor is read from a memory-mapped file"
+
+
+def test_resident_and_layout_measurements_agree(model, cal, tmp_path):
+    """The whole measurement both ways on the same rows: every unit's sensitivity within a few per cent, the
+    order of the units the same (what the allocator uses), and only the layout run writes a copy of the source."""
+    from ggufbridge.quant.sensitivity import measure
+
+    kw = dict(ctx=256, max_rows=2, threads=THREADS, types=("Q3_K", "Q6_K"), n_gpu_layers=0)
+    said = []
+    a = measure(model, cal, work=tmp_path / "r", probes="resident", report=said.append, **kw)
+    b = measure(model, cal, work=tmp_path / "l", probes="layout", **kw)
+    assert a.timings["resident"] and not b.timings["resident"]
+    assert "in one resident model" in said[0]
+    sa = {u: a.sensitivity(u) for u in a.units}
+    sb = {u: b.sensitivity(u) for u in b.units}
+    for u in sa:
+        assert sa[u] == pytest.approx(sb[u], rel=0.1, abs=1e-3 * max(sb.values())), u
+    assert sorted(sa, key=sa.get)[-3:] == sorted(sb, key=sb.get)[-3:]
+
+
+def test_resident_probes_are_chosen_where_the_runtime_and_the_memory_allow(model, monkeypatch):
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant import probe, sensitivity
+
+    h = read_header(model)
+    assert sensitivity.resident_probes("auto", h, 0)  # a small source, a runtime with the patch
+    assert not sensitivity.resident_probes("layout", h, 0)
+    monkeypatch.setattr(sensitivity, "_mem_available", lambda: h.file_bytes)  # the source > half of it
+    assert not sensitivity.resident_probes("auto", h, 0)
+    assert sensitivity.resident_probes("auto", h, -1)  # on a GPU the weights are in its memory
+    monkeypatch.setattr(probe, "set_tensor_fn", lambda: None)  # a runtime without the patch
+    assert not sensitivity.resident_probes("auto", h, -1)
+    with pytest.raises(QuantError, match="cannot write a loaded weight"):
+        sensitivity.resident_probes("resident", h, 0)
+
+
+def test_resident_probes_cost_the_tokens_not_a_load_each():
+    """The cost model of resident probes: one load for all of them, each probe its tokens and its unit's writes."""
+    from ggufbridge.quant.cost import CostModel
+
+    kw = dict(units=10, rows=16, tokens=1000, elements=10**6, sampled=0, types=1, source_bytes=4 * 10**6,
+              load_s=5.0, token_s=1e-3, element_s=0, probe_element_s=0, byte_s=0, reference_passes=0,
+              final_element_s=0.0)
+    layout = CostModel(**kw)
+    res = CostModel(**kw, resident=True, unit_bytes=2 * 10**6, set_byte_s=1e-9, swap_element_s=2e-9)
+    assert layout.parts()["probes"] == pytest.approx(11 * (5.0 + 1.0))
+    assert res.parts()["probes"] == pytest.approx(5.0 + 11 * 1.0 + 10**6 * 2e-9 + 2 * 2 * 10**6 * 1e-9)
+    assert "header" in res.parts() and "probe layout + header" in layout.parts()

@@ -33,5 +33,5 @@ python3 -m benchmarks.bench_fit_scaling --work "$WORK/fit" --layers "${layers[@]
 rc=${PIPESTATUS[0]}
 kill $watch 2>/dev/null
 [ -f "$res" ] && cp "$res" "$OUT/"
-for d in "$WORK"/fit/L*/; do cp "$d/fit.log" "$OUT/$(basename "$d")-fit.log" 2>/dev/null; done
+for d in "$WORK"/fit/L*/; do for f in "$d"/fit-*.log; do cp "$f" "$OUT/$(basename "$d")-$(basename "$f")" 2>/dev/null; done; done
 exit "$rc"

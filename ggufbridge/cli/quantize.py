@@ -35,13 +35,16 @@ from ggufbridge.cli._common import writes_files
 @click.option("--calibration-tokens", type=click.IntRange(16, opt.INT32_MAX), default=None,
               help="--fit*: measure on the first N calibration tokens only (cheaper, noisier) "
                    "[default: all, 16 rows of 256].")
+@click.option("--fit-probes", type=click.Choice(["auto", "resident", "layout"]), default=None,
+              help="--fit*: probe in one loaded model the runtime writes each unit into (resident), or load a split "
+                   "copy of the source per probe (layout) [default: auto, resident where it fits in memory].")
 @opt.imatrix()
 @opt.quant_threads("Quantiser threads [default: up to 8].")
 @click.option("--allow-requantize", is_flag=True, help="Allow a source that is already quantised (loses quality).")
 @opt.as_json()
 @writes_files
 def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference, mix_out, work, fit_budget_time,
-            calibration_tokens, imatrix, threads, allow_requantize, as_json):
+            calibration_tokens, fit_probes, imatrix, threads, allow_requantize, as_json):
     """Quantise a GGUF written by `ggufbridge convert` (BF16/F16/F32) with the runtime's llama-quantize, and show
     what is quantised and what is not."""
     from ggufbridge.quant import format_quant_report
@@ -51,7 +54,7 @@ def command(src, dst, quant, mix, fit_bytes, fit_hw, ctx, calibration, reference
                                 calibration=calibration, reference=reference, mix_out=mix_out, work=work,
                                 imatrix=imatrix, threads=threads, allow_requantize=allow_requantize,
                                 progress=not as_json, fit_budget_time=fit_budget_time,
-                                calibration_tokens=calibration_tokens,
+                                calibration_tokens=calibration_tokens, fit_probes=fit_probes,
                                 report=lambda line: click.echo(line, err=True))
     if as_json:
         d = res.report.to_dict()

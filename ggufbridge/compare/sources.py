@@ -151,7 +151,8 @@ class GGUFSource(Source):
     """llama.cpp through llama-cpp-python. Rows are decoded chunk by chunk with output for every position;
     only the current chunk's logits are copied out (Llama(logits_all=True) would keep n_ctx × vocab floats)."""
 
-    def __init__(self, path: Path, *, n_ctx: int, chunk: int, n_gpu_layers: int = 0, n_threads: int | None = None):
+    def __init__(self, path: Path, *, n_ctx: int, chunk: int, n_gpu_layers: int = 0, n_threads: int | None = None,
+                 use_mmap: bool = True):
         import llama_cpp
 
         path = Path(path)
@@ -168,7 +169,7 @@ class GGUFSource(Source):
             with quiet_native():
                 self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=chunk, n_ubatch=chunk, logits_all=False,
                                            n_gpu_layers=n_gpu_layers, n_threads=n_threads, n_threads_batch=n_threads,
-                                           verbose=False)
+                                           use_mmap=use_mmap, verbose=False)
         except ValueError as e:  # llama-cpp-python's only word for a model llama.cpp refused
             raise GGUFFileError(f"{path}: llama.cpp cannot load it ({e})") from None
         self.vocab_size = int(self.llm.n_vocab())

@@ -1,19 +1,27 @@
 """What a sensitivity pass (`quantize --fit-bytes`) will cost on this machine, measured before it runs.
 
 The pass is: the reference dumped once, one llama.cpp pass over the calibration rows for the source and for each
-unit (a probe), every unit quantised at every candidate type once (llama.cpp's quantiser, in-process), the
-probe layout written once (a copy of the source), and at the end the chosen mix quantised by llama-quantize.
-A short calibration times each kind of work here and now:
+unit (a probe), every unit quantised at every candidate type once (llama.cpp's quantiser, in-process), and at
+the end the chosen mix quantised by llama-quantize. The probes run either in one resident model (`resident`:
+loaded once, each probe writes its unit into it and the source back after, ggufbridge.quant.probe.ResidentModel)
+or, on a runtime that cannot write a loaded weight or a source too large for memory, in a split layout of the
+source that each probe loads again (a copy of the source, written once). A short calibration times each kind of
+work here and now:
 
-* a pass = loading the model (`load_s`) + `tokens` × (`token_s`: one calibration token through llama.cpp and
-  its KL against the reference), timed on the source over the first calibration rows;
+* a pass = loading the model and its first chunk's warm-up (`load_s`) + `tokens` × (`token_s`: one calibration
+  token through llama.cpp and its KL against the reference), timed on the source over the first calibration rows;
+  a resident probe pays the tokens only, plus its unit's values (`swap_element_s` per weight: dequantised, stored
+  at the source's type) written into the model and the source's written back (`set_byte_s` per byte, timed on
+  the largest tensor);
 * quantisation = weights × `probe_element_s` (the probe type, every weight) + sampled weights × `element_s`
-  (every candidate type on a sample of each large tensor), timed on one slab of the largest tensor on the
-  threads the pass will use;
+  (every candidate type on a sample of each large tensor), timed on slabs of the largest tensor on the threads
+  the pass will use;
+* the final mix = weights × `final_element_s` (source → float → Q4_K, what llama-quantize does per weight) +
+  the output written;
 * copies = source bytes × `byte_s`, timed on the source's first tensor data.
 
-So the total is  spent + layout + reference + (units + 1) × pass + quantisation + final,  and a
-time budget (`--fit-budget-time`) is met by measuring on fewer calibration tokens (a pass is linear in them).
+So the total is  spent + copies + reference + probes + quantisation + final,  and a time budget
+(`--fit-budget-time`) is met by measuring on fewer calibration tokens (the total is linear in them).
 """
 
 from __future__ import annotations
@@ -51,6 +59,11 @@ class CostModel:
     spent_s: float = 0.0  # the calibration itself
     device: str = "CPU"
     done: int = 0  # units measured by an earlier, interrupted run (not counted above)
+    final_element_s: float | None = None  # per weight, the final llama-quantize (None: element_s / types, as before)
+    resident: bool = False  # probes written into one loaded model (no reload, no layout copy)
+    unit_bytes: int = 0  # source bytes of the units: each written into the resident model and back once
+    set_byte_s: float = 0.0
+    swap_element_s: float = 0.0
 
     @property
     def probes(self) -> int:
@@ -59,13 +72,22 @@ class CostModel:
     def pass_s(self, tokens: int | None = None) -> float:
         return self.load_s + (self.tokens if tokens is None else tokens) * self.token_s
 
+    def probes_s(self, tokens: int | None = None) -> float:
+        if not self.resident:
+            return self.probes * self.pass_s(tokens)
+        tokens = self.tokens if tokens is None else tokens
+        return (self.load_s + self.probes * tokens * self.token_s + self.elements * self.swap_element_s
+                + 2 * self.unit_bytes * self.set_byte_s)
+
     def parts(self, tokens: int | None = None) -> dict[str, float]:
+        final = self.final_element_s if self.final_element_s is not None else self.element_s / max(1, self.types)
         return {
-            "probe layout + header": 2 * self.source_bytes * self.byte_s,
+            ("header" if self.resident else "probe layout + header"):
+                (1 if self.resident else 2) * self.source_bytes * self.byte_s,
             "reference": self.reference_passes * self.pass_s(tokens),
             "quantisation error": self.elements * self.probe_element_s + self.sampled * self.element_s,
-            "probes": self.probes * self.pass_s(tokens),
-            "final quantisation": self.elements * self.element_s / max(1, self.types) + self.source_bytes * self.byte_s,
+            "probes": self.probes_s(tokens),
+            "final quantisation": self.elements * final + self.source_bytes * self.byte_s,
         }
 
     def total(self, tokens: int | None = None) -> float:
@@ -79,8 +101,9 @@ class CostModel:
     def describe(self) -> str:
         p = self.parts()
         resumed = f" ({self.done} more measured before: resumed)" if self.done else ""
-        lines = [f"sensitivity pass: {self.units} units{resumed}, {self.probes} llama.cpp passes ({self.device}) of "
-                 f"{self.tokens:,} calibration tokens ({self.rows} rows), {self.types} candidate types on "
+        how = "in one resident model" if self.resident else "each loading the model"
+        lines = [f"sensitivity pass: {self.units} units{resumed}, {self.probes} llama.cpp passes ({self.device}, "
+                 f"{how}) of {self.tokens:,} calibration tokens ({self.rows} rows), {self.types} candidate types on "
                  f"{self.sampled / 1e6:,.1f} M of {self.elements / 1e6:,.0f} M weights, source "
                  f"{human_size(self.source_bytes)}",
                  f"  one pass {human_time(self.pass_s())} (load {self.load_s:.1f} s + {1e3 * self.token_s:.2f} ms "

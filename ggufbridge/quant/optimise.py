@@ -221,11 +221,11 @@ def default_calibration() -> Path:
 def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None = None, ctx: int | None = None,
                  calibration=None, reference: str | None = None, imatrix=None, work=None, mix_out=None,
                  threads: int | None = None, progress: bool = False, budget_s: float | None = None, report=None,
-                 calibration_tokens: int | None = None):
+                 calibration_tokens: int | None = None, probes: str = "auto"):
     """Measure (or reuse), allocate for the budget, write the mix to `mix_out`, quantise `src` into `dst`
     (written directly; the caller renames). Returns (QuantResult, FitPlan, Sensitivity). `budget_s` and `report`:
     the measurement's time limit and where its cost estimate goes, `calibration_tokens` how many calibration
-    tokens it uses (ggufbridge.quant.sensitivity.measure)."""
+    tokens it uses, `probes` how its probes run (ggufbridge.quant.sensitivity.measure)."""
     from ggufbridge.quant.quantize import quantize_file
     from ggufbridge.quant.sensitivity import measure
 
@@ -243,7 +243,7 @@ def fit_quantize(src, dst, *, fit_bytes: int | None = None, hardware: str | None
                              f"{floor:,} bytes, plus {context_bytes(src, ctx):,} for --ctx {ctx}")
     sens = measure(src, calibration or default_calibration(), work=work or default_work(), reference=reference,
                    imatrix=imatrix, threads=threads, progress=progress, budget_s=budget_s, report=report,
-                   max_tokens=calibration_tokens)
+                   max_tokens=calibration_tokens, probes=probes)
     if hardware is not None:
         plan = plan_for_hardware(src, sens, hardware, ctx)
     else:

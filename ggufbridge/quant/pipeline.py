@@ -98,13 +98,13 @@ def quantize_gguf(src, dst, *, quant: str | None = None, mix: str | None = None,
                   fit: str | None = None, ctx: int | None = None, calibration=None, reference: str | None = None,
                   mix_out=None, work=None, imatrix=None, threads: int | None = None, allow_requantize: bool = False,
                   progress: bool = False, fit_budget_time: float | None = None, calibration_tokens: int | None = None,
-                  report=None) -> tuple[QuantResult, str | None]:
+                  fit_probes: str | None = None, report=None) -> tuple[QuantResult, str | None]:
     """What `ggufbridge quantize` does: `src` into `dst`, all or nothing, by exactly one of a llama-quantize type
     (`quant`), a mix (`mix`), or a KL-guided mix for a byte budget (`fit_bytes`) or a hardware recipe (`fit`).
     Returns the result and, for the KL-guided mixes, one line saying which mix was chosen and where it was
     written (`mix_out`, default DST with .mix.toml). `fit_budget_time` (seconds) bounds the sensitivity pass,
-    `calibration_tokens` cuts its calibration; `report` receives its cost estimate, line by line, before it
-    runs."""
+    `calibration_tokens` cuts its calibration, `fit_probes` says how its probes run; `report` receives its cost
+    estimate, line by line, before it runs."""
     from ggufbridge.quant.quantize import all_or_nothing, quantize_to
 
     given = [n for n, v in (("--quant", quant), ("--mix", mix), ("--fit-bytes", fit_bytes),
@@ -116,7 +116,7 @@ def quantize_gguf(src, dst, *, quant: str | None = None, mix: str | None = None,
     if not fitting:
         for name, v in (("--ctx", ctx), ("--calibration", calibration), ("--reference", reference),
                         ("--mix-out", mix_out), ("--work", work), ("--fit-budget-time", fit_budget_time),
-                        ("--calibration-tokens", calibration_tokens)):
+                        ("--calibration-tokens", calibration_tokens), ("--fit-probes", fit_probes)):
             if v is not None:
                 raise QuantError(f"{name} only applies with --fit or --fit-bytes")
         return quantize_to(src, dst, quant=quant, mix=mix, imatrix=imatrix, threads=threads,
@@ -129,7 +129,7 @@ def quantize_gguf(src, dst, *, quant: str | None = None, mix: str | None = None,
                                        calibration=calibration, reference=reference, imatrix=imatrix,
                                        work=work, mix_out=mix_out, threads=threads, progress=progress,
                                        budget_s=fit_budget_time, report=report,
-                                       calibration_tokens=calibration_tokens)
+                                       calibration_tokens=calibration_tokens, probes=fit_probes or "auto")
     res.path, res.report.path = Path(dst), str(dst)
     if fit is not None:  # plan.budget is where the search stopped, not a budget anyone set: say what was fitted
         from ggufbridge.quant.optimise import DEFAULT_CTX

@@ -10,6 +10,16 @@ again: the mapped source pages stay in the page cache, only the unit's pages are
 is the one a whole-model llama-quantize with the same per-tensor types would write (same types, same bytes), so
 its logits are the same (tests/test_quant_probe.py compares the two KLs).
 
+With a runtime that can write a loaded weight (`llama_model_set_tensor_data`, patch
+0029-llama-ext-model-tensor-set of our series), the probes do not reload at all (`ResidentModel`): the source is
+loaded once, with its weights in writable memory, and a probe writes its unit's values into it, as llama.cpp's
+quantiser makes them and its dequantiser reads them back, in the source's own type (BF16/F16/F32), then writes the
+source's bytes back. A probe then costs its unit's upload (at most ~1 GB for the 35B-A3B's experts of one layer),
+not the whole model's (69 GB on a GPU, 11-31 s a probe by the H200's figures, docs/quant.md). The values differ
+from the quantised tensor's only by their rounding to the source type (≤ 2^-9 relative for BF16, against a probe
+type's ~10%), and the matrix product runs on the source type's kernel instead of the quantised type's: the KL
+agrees with the split layout's to well within the probes' spread (tests/test_quant_probe.py measures how close).
+
 The evaluation reuses what does not change between probes: the tokenised calibration rows and the reference
 (a `dump-logits` file, opened once). KL is computed by the same code as `ggufbridge compare`.
 """
@@ -201,6 +211,90 @@ class ProbeModel:
             self._link(link, self._source_file(i))
 
 
+# ------------------------------------------------------------------------------- probes in the loaded model
+
+
+def set_tensor_fn():
+    """The runtime's `llama_model_set_tensor_data` (patch 0029-llama-ext-model-tensor-set), or None: a runtime
+    without the patch (built elsewhere) measures with the split layout instead."""
+    import ctypes
+
+    from ggufbridge.quant.ggmlq import _library_path
+
+    try:
+        f = ctypes.CDLL(str(_library_path("libllama"))).llama_model_set_tensor_data
+    except (AttributeError, OSError, QuantError):
+        return None
+    f.restype = ctypes.c_int32
+    f.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+    return f
+
+
+_SET_ERRORS = {-1: "the model has no such tensor", -2: "the size is not the tensor's",
+               -3: "the tensor is read from a memory-mapped file"}
+
+
+def probe_values(q, header: GGUFHeader, kept: dict[str, tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """A probe's tensors ({name: (type, bytes)} as `unit_errors` keeps them) in their source types: dequantised
+    by llama.cpp's `to_float` of their type, then stored as the source stores them (ggml's own F16/BF16 rounding,
+    `ggml_quantize_chunk`)."""
+    out = {}
+    for n, (t, data) in kept.items():
+        info = header.tensor(n)
+        f = q.to_float(t, data, info.n_elements)
+        out[n] = f.view(np.uint8) if info.type == "F32" else q.quantize(info.type, f.reshape(-1, info.shape[0]))
+    return out
+
+
+class ResidentModel:
+    """The source loaded once, its weights in writable memory (`use_mmap = False`: llama.cpp maps a file read-only);
+    `swapped` writes a probe's tensors into it and the source's bytes back after."""
+
+    def __init__(self, src: Path, *, ctx: int, chunk: int, n_gpu_layers: int, threads: int | None):
+        from ggufbridge.compare.sources import GGUFSource
+
+        self._set = set_tensor_fn()
+        if self._set is None:
+            raise QuantError("this runtime cannot write a loaded weight (llama_model_set_tensor_data): build it "
+                             "with `ggufbridge build-runtime`")
+        self.header = read_header(src)
+        self.source = GGUFSource(Path(src), n_ctx=ctx, chunk=chunk, n_gpu_layers=n_gpu_layers, n_threads=threads,
+                                 use_mmap=False)
+        self._model = self.source.llm._model.model
+
+    def write(self, name: str, data: np.ndarray) -> None:
+        b = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        rc = self._set(self._model, name.encode(), b.ctypes.data, b.size)
+        if rc != 0:
+            raise QuantError(f"cannot write {name} into the loaded model: {_SET_ERRORS.get(rc, rc)}")
+
+    def restore(self, name: str) -> None:
+        self.write(name, np.asarray(self.header.tensor_data(name)))
+
+    @contextlib.contextmanager
+    def swapped(self, values: dict[str, np.ndarray]):
+        """The loaded model with `values` ({name: bytes in the tensor's source type}); restored after, also when
+        the evaluation fails (a resumed run's next probe must see the source)."""
+        written = []
+        try:
+            for n, v in values.items():
+                written.append(n)
+                self.write(n, v)
+            yield self.source
+        finally:
+            for n in written:
+                self.restore(n)
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def gpu_layers() -> int:
     """Every layer on the GPU when the runtime has a GPU device (CUDA, Metal, ...), else 0."""
     from ggufbridge.quant.ggmlq import has_gpu
@@ -226,18 +320,24 @@ class Evaluator:
             check(rows)
         self.last_timing: dict[str, float] = {}
 
-    def kl(self, model: Path, rows=None) -> float:
-        """Mean KL(reference → model) over the rows (the first `rows` of them when given), as compare reports it."""
+    def kl(self, model, rows=None) -> float:
+        """Mean KL(reference → model) over the rows (the first `rows` of them when given), as compare reports it.
+        `model`: a GGUF file (loaded for this pass) or a source already open (a `ResidentModel`'s)."""
         from ggufbridge.compare.run import _compare_one
         from ggufbridge.compare.sources import GGUFSource
 
         rows = self.rows if rows is None else self.rows[:rows]
         t0 = time.perf_counter()
-        with GGUFSource(Path(model), n_ctx=self.ctx, chunk=self.chunk, n_gpu_layers=self.n_gpu_layers,
-                        n_threads=self.threads) as cand:
+        with contextlib.ExitStack() as stack:
+            if isinstance(model, (str, os.PathLike)):
+                cand = stack.enter_context(GGUFSource(Path(model), n_ctx=self.ctx, chunk=self.chunk,
+                                                      n_gpu_layers=self.n_gpu_layers, n_threads=self.threads))
+            else:
+                cand = model
             t1 = time.perf_counter()
             if cand.vocab_size != self.ref.vocab_size:
-                raise QuantError(f"{model}: vocabulary of {cand.vocab_size}, the reference has {self.ref.vocab_size}")
+                raise QuantError(f"{cand.spec}: vocabulary of {cand.vocab_size}, the reference has "
+                                 f"{self.ref.vocab_size}")
             acc = _compare_one(self.ref, cand, rows, self.chunk, False, "probe", self.threads)
         t2 = time.perf_counter()
         self.last_timing = {"load_s": t1 - t0, "eval_s": t2 - t1, "tokens": sum(len(r.ids) for r in rows)}

@@ -21,6 +21,7 @@ it (`sensitivity.json`) and only allocates.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -389,22 +390,29 @@ def _time_copy(src: GGUFHeader, work: Path) -> float:
     return dt / max(1, n)
 
 
-def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tuple[float, float, float]:
-    """(load seconds, seconds per token, of which the KL's share) of one llama.cpp pass over calibration rows
-    with the KL against a top-K reference, timed on the source over its first CALIBRATION_TOKENS tokens (a
-    second load: the first one may read the file from disk)."""
+def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int, resident: bool = False,
+               tensor: str | None = None) -> tuple[float, float, float, float]:
+    """(load seconds, seconds per token, of which the KL's share, seconds per byte to write a loaded weight) of
+    one llama.cpp pass over calibration rows with the KL against a top-K reference, timed on the source over its
+    first CALIBRATION_TOKENS tokens (a second load: the first one may read the file from disk). `resident`: loaded
+    as the probes' resident model is (no mmap), and the write of `tensor` (its own bytes, twice) timed on it."""
     from ggufbridge.compare.metrics import chunk_stats_threaded, default_threads, topk_form
     from ggufbridge.compare.run import default_chunk
     from ggufbridge.compare.sources import GGUFSource
+    from ggufbridge.quant.probe import ResidentModel
 
     def load():
         t0 = time.perf_counter()
+        if resident:
+            r = ResidentModel(src, ctx=ctx, chunk=ctx, n_gpu_layers=n_gpu_layers, threads=threads)
+            return r, r.source, time.perf_counter() - t0
         s = GGUFSource(src, n_ctx=ctx, chunk=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads)
-        return s, time.perf_counter() - t0
+        return s, s, time.perf_counter() - t0
 
-    s, _ = load()
-    s.close()
-    s, load_s = load()
+    owner, _, _ = load()
+    owner.close()
+    owner, s, load_s = load()
+    set_byte_s = 0.0
     # the probes' KL runs on a pool of host threads (compare.run._compare_one): timed the same way
     pool = ThreadPoolExecutor(threads or default_threads(), thread_name_prefix="kl")
     parts = []  # per chunk: (model seconds, KL seconds, positions)
@@ -422,10 +430,16 @@ def _time_pass(src: Path, rows, ctx: int, n_gpu_layers: int, threads: int) -> tu
                 t3 = time.perf_counter()
                 parts.append((t1 - t0, t3 - t2, c.n))
                 pos, t0 = pos + c.n, t3
+        if resident and tensor is not None:
+            data = np.ascontiguousarray(owner.header.tensor_data(tensor))  # read once: the write alone is timed
+            owner.write(tensor, data)
+            t0 = time.perf_counter()
+            owner.write(tensor, data)
+            set_byte_s = (time.perf_counter() - t0) / max(1, data.nbytes)
     finally:
         pool.shutdown()
-        s.close()
-    return _pass_rates(load_s, parts)
+        owner.close()
+    return (*_pass_rates(load_s, parts), set_byte_s)
 
 
 def _pass_rates(load_s: float, parts) -> tuple[float, float, float]:
@@ -447,11 +461,20 @@ def _pass_rates(load_s: float, parts) -> tuple[float, float, float]:
     return load_s + max(0.0, first - parts[0][2] * rate), rate, sum(p[1] for p in rest) / m
 
 
-def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types, probe_type: str):
-    """(seconds per weight at every type, at the probe type alone): quantise, dequantise and compare slabs of the
-    largest tensor, at least 4 M weights and 1 M per thread, after one untimed round (the first touch of the
-    mapped source and of the thread pool). One 1 M-weight slab, timed cold, read 18.7 ns per weight on an H200's
-    16 cores where the pass then took 10.5 (docs/quant.md)."""
+FINAL_TYPE = "Q4_K"  # what the final llama-quantize of a mix is timed at: the K-quants most weights get
+
+
+def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types, probe_type: str) -> dict:
+    """Seconds per weight, each on slabs of the largest tensor (at least 4 M weights and 1 M per thread, after one
+    untimed round: the first touch of the mapped source and of the thread pool; one 1 M-weight slab, timed cold,
+    read 18.7 ns per weight on an H200's 16 cores where the pass then took 10.5, docs/quant.md):
+
+    * `element_s`: quantise, dequantise and compare at every candidate type together (the error pass's sample);
+    * `probe_element_s`: the same at the probe type alone (every weight of every unit);
+    * `final_element_s`: source → float → FINAL_TYPE only, what llama-quantize does per weight for the final
+      mix (the mean over all candidate types, IQ3_S's search included, made the H200's estimate of that step
+      3.3x the measured time at 4 layers);
+    * `swap_element_s`: a resident probe's values, the probe type dequantised and stored in the source's type."""
     from ggufbridge.quant.ggmlq import type_id as ggmlq_type_id
 
     name = max((n for ts in units.values() for n in ts), key=lambda n: header.tensor(n).n_elements)
@@ -481,13 +504,63 @@ def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types
         for raw in slabs:
             one(t, raw)
         per[t] = (time.perf_counter() - t0) / n
-    return sum(per.values()), per[probe_type]
+
+    final_t = qt.fit_row(FINAL_TYPE if FINAL_TYPE in types else probe_type, info.shape[0])
+    probe_t = qt.fit_row(probe_type, info.shape[0])
+    final_s = swap_s = 0.0
+    for raw in slabs:
+        rows = raw.shape[0]
+        t0 = time.perf_counter()
+        f = q.to_float(info.type, raw, rows * info.shape[0]).reshape(rows, info.shape[0])
+        q.quantize(final_t, f)
+        t1 = time.perf_counter()
+        b = q.quantize(probe_t, f)  # not timed: the error pass made these bytes already
+        t2 = time.perf_counter()
+        d = q.to_float(probe_t, b, f.size)
+        if info.type != "F32":
+            q.quantize(info.type, d.reshape(rows, info.shape[0]))
+        final_s += t1 - t0
+        swap_s += time.perf_counter() - t2
+    return {"element_s": sum(per.values()), "probe_element_s": per[probe_type], "final_element_s": final_s / n,
+            "swap_element_s": swap_s / n}
 
 
-def _check_disk(work: Path, header: GGUFHeader) -> None:
-    """The header measurement (a copy of the source, deleted after) and then the probe layout (another, kept
-    until the measurement ends) each need the source's size free in the work folder: refused before either is
-    written, not halfway through a copy (a 35B-A3B source is 69 GB)."""
+RESIDENT_RAM_SHARE = 0.5  # a CPU-only resident model (its weights in anonymous memory) takes at most this share
+
+
+def _mem_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def resident_probes(probes: str, header: GGUFHeader, n_gpu_layers: int) -> bool:
+    """Whether the probes run in one resident model (ggufbridge.quant.probe.ResidentModel) or in the split layout.
+    `probes`: "auto", "resident" or "layout". Auto: resident when the runtime can write a loaded weight and the
+    weights live in the GPU's memory or fit in half of the memory available here; the layout's mapped pages can
+    be evicted, so it measures a source larger than the memory (at a reload per probe)."""
+    from ggufbridge.quant.probe import set_tensor_fn
+
+    if probes not in ("auto", "resident", "layout"):
+        raise QuantError(f"probes must be auto, resident or layout, found {probes!r}")
+    if probes == "layout":
+        return False
+    if set_tensor_fn() is None:
+        if probes == "resident":
+            raise QuantError("this runtime cannot write a loaded weight (llama_model_set_tensor_data, patch "
+                             "0029-llama-ext-model-tensor-set): build it with `ggufbridge build-runtime`")
+        return False
+    return probes == "resident" or n_gpu_layers != 0 or header.file_bytes <= RESIDENT_RAM_SHARE * _mem_available()
+
+
+def _check_disk(work: Path, header: GGUFHeader, resident: bool = False) -> None:
+    """The header measurement (a copy of the source, deleted after) and then, unless the probes are resident, the
+    probe layout (another, kept until the measurement ends) each need the source's size free in the work folder:
+    refused before either is written, not halfway through a copy (a 35B-A3B source is 69 GB)."""
     # a resumed run's layout is already written: only what is missing counts
     layout = work / "probe"
     have = sum(f.stat().st_size for f in [*layout.glob("*.src.gguf"), *layout.glob("main.gguf")]) \
@@ -495,8 +568,10 @@ def _check_disk(work: Path, header: GGUFHeader) -> None:
     need = int(header.file_bytes * 1.02) + (64 << 20) - have
     free = shutil.disk_usage(work).free
     if free < need:
-        raise QuantError(f"--work {work}: the sensitivity pass needs {human_size(need)} free there (a copy of the "
-                         f"source for its probes), {human_size(free)} is free; give --work a folder on a larger disk")
+        why = ("llama-quantize's header is measured on a copy of the source" if resident else
+               "a copy of the source for its probes")
+        raise QuantError(f"--work {work}: the sensitivity pass needs {human_size(need)} free there ({why}), "
+                         f"{human_size(free)} is free; give --work a folder on a larger disk")
 
 
 def _measure_header(src: Path, header: GGUFHeader, work: Path, imatrix, threads, runtime) -> HeaderModel:
@@ -520,17 +595,19 @@ def _measure_header(src: Path, header: GGUFHeader, work: Path, imatrix, threads,
 def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 256, max_rows: int | None = 16,
             imatrix=None, types: tuple[str, ...] | None = None, probe_type: str = PROBE_TYPE,
             threads: int | None = None, progress: bool = False, runtime=None, budget_s: float | None = None,
-            report=None, n_gpu_layers: int | None = None, max_tokens: int | None = None) -> Sensitivity:
+            report=None, n_gpu_layers: int | None = None, max_tokens: int | None = None,
+            probes: str = "auto") -> Sensitivity:
     """Measure (or load from `work`) the sensitivity of every unit of the unquantised GGUF `src`.
 
     reference: `hf:DIR`, `logits:FILE` (a dump-logits file made on the same rows) or `gguf:FILE`; default the
     source itself. It is dumped once (top-64 + 32 samples) into `work`, so each probe costs one llama.cpp pass.
     Each probe quantises only its unit (ggufbridge.quant.ggmlq) and evaluates the source with that unit swapped
-    in (ggufbridge.quant.probe). `max_tokens`: only the first calibration tokens (cheaper, noisier). Before the
-    work starts, the cost is measured and given to `report` (a callable taking a line; ggufbridge.quant.cost);
-    with `budget_s`, fewer calibration tokens are used when the estimate is over it, and the run is refused
-    when even MIN_TOKENS would not fit. Finished steps are recorded in
-    the measurement's folder and an interrupted run resumes from them. `n_gpu_layers`: None offloads every layer
+    in (ggufbridge.quant.probe): written into one resident model or loaded from a split layout (`probes`: auto,
+    resident or layout; `resident_probes` says what auto picks). `max_tokens`: only the first calibration tokens
+    (cheaper, noisier). Before the work starts, the cost is measured and given to `report` (a callable taking a
+    line; ggufbridge.quant.cost); with `budget_s`, fewer calibration tokens are used when the estimate is over it,
+    and the run is refused when even MIN_TOKENS would not fit. Finished steps are recorded in the measurement's
+    folder and an interrupted run resumes from them. `n_gpu_layers`: None offloads every layer
     when the runtime has a GPU backend.
     """
     from tqdm import tqdm
@@ -539,7 +616,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     from ggufbridge.compare.run import dump_logits
     from ggufbridge.quant.cost import CostModel, human_time
     from ggufbridge.quant.ggmlq import Quantiser
-    from ggufbridge.quant.probe import Evaluator, ProbeModel, gpu_layers
+    from ggufbridge.quant.probe import Evaluator, ProbeModel, ResidentModel, gpu_layers, probe_values
     from ggufbridge.quant.quantize import _default_threads
 
     t_start = time.perf_counter()
@@ -564,6 +641,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     imatrix = str(Path(imatrix)) if imatrix is not None else None
     threads = threads or _default_threads()
     n_gpu_layers = gpu_layers() if n_gpu_layers is None else n_gpu_layers
+    resident = resident_probes(probes, header, n_gpu_layers)
     if max_tokens is not None and max_tokens < MIN_TOKENS:
         raise QuantError(f"--calibration-tokens must be at least {MIN_TOKENS}, found {max_tokens}")
     rows = first_tokens(calibration_rows(src, calibration, ctx, max_rows), max_tokens)
@@ -575,7 +653,9 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     im_id = imatrix and _file_id(Path(imatrix))
 
     def key_of(rows):
-        return _digest(FORMAT, src_id, evalset.set_hash(rows), ref_key, im_id, ",".join(types), probe_type, ctx)
+        # resident probes measure the units' dequantised values on the source type's kernels: their own records
+        return _digest(FORMAT, src_id, evalset.set_hash(rows), ref_key, im_id, ",".join(types), probe_type, ctx,
+                       *(("resident",) if resident else ()))
 
     def cached(rows) -> Sensitivity | None:
         p = Path(work) / key_of(rows) / "sensitivity.json"
@@ -589,13 +669,15 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         return found
     units = units_of(header)
     Path(work).mkdir(parents=True, exist_ok=True)
+    largest = max((n for ts in units.values() for n in ts), key=lambda n: header.tensor(n).nbytes)
 
     # --- the cost, measured here before anything long runs
     q = Quantiser(threads)
     try:
         t0 = time.perf_counter()
-        load_s, token_s, kl_token_s = _time_pass(src, rows, ctx, n_gpu_layers, threads)
-        element_s, probe_element_s = _time_quantisation(q, header, units, types, probe_type)
+        load_s, token_s, kl_token_s, set_byte_s = _time_pass(src, rows, ctx, n_gpu_layers, threads, resident,
+                                                             largest)
+        qtime = _time_quantisation(q, header, units, types, probe_type)
         byte_s = _time_copy(header, Path(work))
 
         def ref_file_of(rows):
@@ -610,11 +692,12 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
                 elements=sum(header.tensor(n).n_elements for u in left for n in units[u]),
                 sampled=sum(sampled_weights(header, units[u], ERROR_SAMPLE) for u in left), types=len(types),
                 source_bytes=header.file_bytes, load_s=load_s, token_s=token_s, kl_token_s=kl_token_s,
-                element_s=element_s,
-                probe_element_s=probe_element_s, byte_s=byte_s,
+                element_s=qtime["element_s"], probe_element_s=qtime["probe_element_s"], byte_s=byte_s,
                 reference_passes=0 if reference.startswith("logits:") or ref_file_of(rows).is_file() else 1,
                 spent_s=time.perf_counter() - t_start, device="GPU" if n_gpu_layers else "CPU",
-                done=len(m.units))
+                done=len(m.units), final_element_s=qtime["final_element_s"], resident=resident,
+                unit_bytes=sum(header.tensor(n).nbytes for u in left for n in units[u]), set_byte_s=set_byte_s,
+                swap_element_s=qtime["swap_element_s"])
 
         cost = cost_for(rows)
         if budget_s is not None and cost.total() > budget_s:
@@ -655,19 +738,24 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         timings["reference_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        _check_disk(work, header)
+        _check_disk(work, header, resident)
         header_model = _measure_header(src, header, work, imatrix, threads, runtime)
-        layout = ProbeModel(src, units, work / "probe")
-        layout.build()
+        if not resident:
+            layout = ProbeModel(src, units, work / "probe")
+            layout.build()
         timings["layout_s"] = time.perf_counter() - t0
 
         shapes = {t.name: list(t.shape) for t in header.tensors}
         keep = source_types(header)
         im = importance(imatrix)
         t0 = time.perf_counter()
-        with Evaluator(ref_spec, rows, ctx, n_gpu_layers, threads) as ev:
+        with Evaluator(ref_spec, rows, ctx, n_gpu_layers, threads) as ev, contextlib.ExitStack() as stack:
+            if resident:  # loaded once: every probe below writes its unit into it and the source back after
+                model = stack.enter_context(ResidentModel(src, ctx=ctx, chunk=ev.chunk, n_gpu_layers=n_gpu_layers,
+                                                          threads=threads))
+                timings["resident_load_s"] = time.perf_counter() - t0
             if done.base is None:
-                done.base = ev.kl(src)
+                done.base = ev.kl(model.source if resident else src)
                 done.add({"kind": "base", "kl": done.base})
             timings["base_pass_s"] = time.perf_counter() - t0
             err_s = probe_s = 0.0
@@ -676,11 +764,17 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
                 t1 = time.perf_counter()
                 err, kept = unit_errors(q, header, units[u], types, keep=probe_type, imatrix=im,
                                         sample=ERROR_SAMPLE)
-                path = layout.write_probe(u, kept)
-                t2 = time.perf_counter()
-                with layout.swapped(u, path) as model:
-                    kl = ev.kl(model)
-                path.unlink()
+                if resident:
+                    values = probe_values(q, header, kept)
+                    t2 = time.perf_counter()
+                    with model.swapped(values) as loaded:
+                        kl = ev.kl(loaded)
+                else:
+                    path = layout.write_probe(u, kept)
+                    t2 = time.perf_counter()
+                    with layout.swapped(u, path) as m:
+                        kl = ev.kl(m)
+                    path.unlink()
                 err_s += t2 - t1
                 probe_s += time.perf_counter() - t2
                 done.units[u] = {"probe_kl": kl, "error": err}
@@ -688,7 +782,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
                 log.info("sensitivity %s: KL %.5f at %s", u, kl, probe_type)
     finally:
         q.close()
-    timings.update({"quantisation_error_s": err_s, "probes_s": probe_s, "probes": len(todo),
+    timings.update({"quantisation_error_s": err_s, "probes_s": probe_s, "probes": len(todo), "resident": resident,
                     "estimate_s": cost.total(), "cost": cost.to_json(), "measured_s": time.perf_counter() - t_start,
                     "peak_rss_mib": _peak_rss_mib()})
     sens = Sensitivity(

@@ -77,7 +77,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "models": ("src/models/",),  # one model family's graph (src/models/<arch>.cpp)
     "batch": ("src/llama-batch.",),
     "llama-context": ("src/llama-context.",),
-    "llama-ext": ("src/llama-ext.h", "src/llama-model.cpp"),
+    "llama-ext": ("src/llama-ext.h", "src/llama-model.cpp", "src/llama-model.h"),
     "mtmd": ("tools/mtmd/clip", "tools/mtmd/mtmd.", "tools/mtmd/mtmd-image.", "tools/mtmd/models/"),
     "mtmd-helper": ("tools/mtmd/mtmd-helper.",),
     "server": ("tools/server/",),
