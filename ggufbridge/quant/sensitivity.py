@@ -461,9 +461,6 @@ def _pass_rates(load_s: float, parts) -> tuple[float, float, float]:
     return load_s + max(0.0, first - parts[0][2] * rate), rate, sum(p[1] for p in rest) / m
 
 
-FINAL_TYPE = "Q4_K"  # what the final llama-quantize of a mix is timed at: the K-quants most weights get
-
-
 def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types, probe_type: str) -> dict:
     """Seconds per weight, each on slabs of the largest tensor (at least 4 M weights and 1 M per thread, after one
     untimed round: the first touch of the mapped source and of the thread pool; one 1 M-weight slab, timed cold,
@@ -471,9 +468,10 @@ def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types
 
     * `element_s`: quantise, dequantise and compare at every candidate type together (the error pass's sample);
     * `probe_element_s`: the same at the probe type alone (every weight of every unit);
-    * `final_element_s`: source → float → FINAL_TYPE only, what llama-quantize does per weight for the final
-      mix (the mean over all candidate types, IQ3_S's search included, made the H200's estimate of that step
-      3.3x the measured time at 4 layers);
+    * `final_element_s`: source → float → a type, what llama-quantize does per weight for the final mix, as the
+      mean over the candidate types (the mix is chosen later); before, the whole quantise-dequantise-compare
+      round of all types over their number made the H200's estimate of that step 3.3x the measured time at 4
+      layers;
     * `swap_element_s`: a resident probe's values, the probe type dequantised and stored in the source's type."""
     from ggufbridge.quant.ggmlq import type_id as ggmlq_type_id
 
@@ -490,39 +488,39 @@ def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types
         q.L.ggml_quantize_init(ggmlq_type_id(t))  # the IQ grids are built once per process: not per weight
 
     def one(t, raw):
+        """(seconds to quantise: the source to float, then type t; seconds to dequantise and compare)"""
         rows = raw.shape[0]
+        t0 = time.perf_counter()
         f = q.to_float(info.type, raw, rows * info.shape[0]).reshape(rows, info.shape[0])
         b = q.quantize(qt.fit_row(t, info.shape[0]), f)
+        t1 = time.perf_counter()
         d = q.to_float(qt.fit_row(t, info.shape[0]), b, f.size)
         d -= f.reshape(-1)
         float(np.dot(d, d))
+        return t1 - t0, time.perf_counter() - t1
 
     one(probe_type, slabs[0])
-    per = {}
+    per, quant = {}, {}
     for t in types:
-        t0 = time.perf_counter()
-        for raw in slabs:
-            one(t, raw)
-        per[t] = (time.perf_counter() - t0) / n
+        got = [one(t, raw) for raw in slabs]
+        quant[t] = sum(a for a, _ in got) / n
+        per[t] = sum(a + b for a, b in got) / n
 
-    final_t = qt.fit_row(FINAL_TYPE if FINAL_TYPE in types else probe_type, info.shape[0])
     probe_t = qt.fit_row(probe_type, info.shape[0])
-    final_s = swap_s = 0.0
+    swap_s = 0.0
     for raw in slabs:
         rows = raw.shape[0]
-        t0 = time.perf_counter()
         f = q.to_float(info.type, raw, rows * info.shape[0]).reshape(rows, info.shape[0])
-        q.quantize(final_t, f)
-        t1 = time.perf_counter()
         b = q.quantize(probe_t, f)  # not timed: the error pass made these bytes already
-        t2 = time.perf_counter()
+        t0 = time.perf_counter()
         d = q.to_float(probe_t, b, f.size)
         if info.type != "F32":
             q.quantize(info.type, d.reshape(rows, info.shape[0]))
-        final_s += t1 - t0
-        swap_s += time.perf_counter() - t2
-    return {"element_s": sum(per.values()), "probe_element_s": per[probe_type], "final_element_s": final_s / n,
-            "swap_element_s": swap_s / n}
+        swap_s += time.perf_counter() - t0
+    # the final mix's types are not known before the measurement: priced at the candidate types' mean quantise cost
+    # (a K-quant mix costs less, one with IQ4_XS/IQ3_S heads more; measured against both in docs/quant.md)
+    return {"element_s": sum(per.values()), "probe_element_s": per[probe_type],
+            "final_element_s": sum(quant.values()) / len(quant), "swap_element_s": swap_s / n}
 
 
 RESIDENT_RAM_SHARE = 0.5  # a CPU-only resident model (its weights in anonymous memory) takes at most this share
