@@ -414,8 +414,8 @@ def test_a_loaded_weight_is_written_only_whole_and_never_into_a_mapped_file(mode
 
 
 def test_resident_and_layout_measurements_agree(model, cal, tmp_path):
-    """The whole measurement both ways on the same rows: every unit's sensitivity within a few per cent, the
-    order of the units the same (what the allocator uses), and only the layout run writes a copy of the source."""
+    """The whole measurement both ways on the same rows: every unit's sensitivity within a few per cent and the
+    same most sensitive units (what the allocator reads)."""
     from ggufbridge.quant.sensitivity import measure
 
     kw = dict(ctx=256, max_rows=2, threads=THREADS, types=("Q3_K", "Q6_K"), n_gpu_layers=0)
@@ -426,8 +426,8 @@ def test_resident_and_layout_measurements_agree(model, cal, tmp_path):
     assert "in one resident model" in said[0]
     sa = {u: a.sensitivity(u) for u in a.units}
     sb = {u: b.sensitivity(u) for u in b.units}
-    for u in sa:
-        assert sa[u] == pytest.approx(sb[u], rel=0.1, abs=1e-3 * max(sb.values())), u
+    for u in sa:  # measured: within 1.3% for ten units, 4.7% for attention@1
+        assert sa[u] == pytest.approx(sb[u], rel=0.08), u
     assert sorted(sa, key=sa.get)[-3:] == sorted(sb, key=sb.get)[-3:]
 
 
