@@ -278,8 +278,8 @@ class ResidentModel:
         written = []
         try:
             for n, v in values.items():
-                written.append(n)
                 self.write(n, v)
+                written.append(n)
             yield self.source
         finally:
             for n in written:
