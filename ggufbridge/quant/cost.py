@@ -12,7 +12,7 @@ work here and now:
   token through llama.cpp and its KL against the reference), timed on the source over the first calibration rows;
   a resident probe pays the tokens only, plus its unit's values (`swap_element_s` per weight: dequantised, stored
   at the source's type) written into the model and the source's written back (`set_byte_s` per byte, timed on
-  the largest tensor);
+  the largest tensor of a layer);
 * quantisation = weights × `probe_element_s` (the probe type, every weight) + sampled weights × `element_s`
   (every candidate type on a sample of each large tensor), timed on slabs of the largest tensor on the threads
   the pass will use;

@@ -667,7 +667,9 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         return found
     units = units_of(header)
     Path(work).mkdir(parents=True, exist_ok=True)
-    largest = max((n for ts in units.values() for n in ts), key=lambda n: header.tensor(n).nbytes)
+    # the write timed: a layer's tensor (on a GPU the token embedding stays in host memory, a cheaper write)
+    in_units = [n for ts in units.values() for n in ts]
+    largest = max([n for n in in_units if _LAYER.match(n)] or in_units, key=lambda n: header.tensor(n).nbytes)
 
     # --- the cost, measured here before anything long runs
     q = Quantiser(threads)
