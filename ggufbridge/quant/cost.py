@@ -16,8 +16,8 @@ work here and now:
 * quantisation = weights × `probe_element_s` (the probe type, every weight) + sampled weights × `element_s`
   (every candidate type on a sample of each large tensor), timed on slabs of the largest tensor on the threads
   the pass will use;
-* the final mix = weights × `final_element_s` (source → float → Q4_K, what llama-quantize does per weight) +
-  the output written;
+* the final mix = weights × `final_element_s` (source → float → a type, what llama-quantize does per weight,
+  the mean over the candidate types: the mix is not known yet) + the output written;
 * copies = source bytes × `byte_s`, timed on the source's first tensor data.
 
 So the total is  spent + copies + reference + probes + quantisation + final,  and a time budget

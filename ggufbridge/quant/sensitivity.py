@@ -488,35 +488,31 @@ def _time_quantisation(q, header: GGUFHeader, units: dict[str, list[str]], types
         q.L.ggml_quantize_init(ggmlq_type_id(t))  # the IQ grids are built once per process: not per weight
 
     def one(t, raw):
-        """(seconds to quantise: the source to float, then type t; seconds to dequantise and compare)"""
+        """Seconds (to quantise: the source to float, then type t; to dequantise and compare; of the dequantise, plus
+        storing the values at the source's type: a resident probe's values, timed for the probe type only)"""
         rows = raw.shape[0]
         t0 = time.perf_counter()
         f = q.to_float(info.type, raw, rows * info.shape[0]).reshape(rows, info.shape[0])
         b = q.quantize(qt.fit_row(t, info.shape[0]), f)
         t1 = time.perf_counter()
         d = q.to_float(qt.fit_row(t, info.shape[0]), b, f.size)
+        t2 = time.perf_counter()
+        store = 0.0
+        if t == probe_type and info.type != "F32":
+            q.quantize(info.type, d.reshape(rows, info.shape[0]))
+            store = time.perf_counter() - t2
         d -= f.reshape(-1)
         float(np.dot(d, d))
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, time.perf_counter() - t1 - store, t2 - t1 + store
 
     one(probe_type, slabs[0])
-    per, quant = {}, {}
+    per, quant, swap_s = {}, {}, 0.0
     for t in types:
         got = [one(t, raw) for raw in slabs]
-        quant[t] = sum(a for a, _ in got) / n
-        per[t] = sum(a + b for a, b in got) / n
-
-    probe_t = qt.fit_row(probe_type, info.shape[0])
-    swap_s = 0.0
-    for raw in slabs:
-        rows = raw.shape[0]
-        f = q.to_float(info.type, raw, rows * info.shape[0]).reshape(rows, info.shape[0])
-        b = q.quantize(probe_t, f)  # not timed: the error pass made these bytes already
-        t0 = time.perf_counter()
-        d = q.to_float(probe_t, b, f.size)
-        if info.type != "F32":
-            q.quantize(info.type, d.reshape(rows, info.shape[0]))
-        swap_s += time.perf_counter() - t0
+        quant[t] = sum(a for a, _, _ in got) / n
+        per[t] = sum(a + b for a, b, _ in got) / n
+        if t == probe_type:
+            swap_s = sum(c for _, _, c in got)
     # the final mix's types are not known before the measurement: priced at the candidate types' mean quantise cost
     # (a K-quant mix costs less, one with IQ4_XS/IQ3_S heads more; measured against both in docs/quant.md)
     return {"element_s": sum(per.values()), "probe_element_s": per[probe_type],
