@@ -263,8 +263,9 @@ def test_fit_budget_time_errors_are_one_line(model, cal, tmp_path):
 
 def test_a_work_folder_without_room_for_the_probe_layout_is_refused_before_any_copy(model, cal, tmp_path,
                                                                                    monkeypatch):
-    """The probes need a copy of the source in --work (69 GB for the 35B-A3B): a disk without room is refused in
-    one line before the header measurement or the layout writes anything, not halfway through a copy."""
+    """The layout probes need a copy of the source in --work (69 GB for the 35B-A3B): a disk without room is
+    refused in one line before the layout writes anything, not halfway through a copy. Resident probes write no
+    copy: the same disk is enough for them."""
     import shutil
     from collections import namedtuple
 
@@ -277,7 +278,7 @@ def test_a_work_folder_without_room_for_the_probe_layout_is_refused_before_any_c
     work = tmp_path / "w"
     r = CliRunner().invoke(cli, ["quantize", str(model), "-o", str(tmp_path / "o.gguf"), "--fit-bytes", "3MB",
                                  "--ctx", "0", "--calibration", str(cal), "--work", str(work), "--threads",
-                                 str(THREADS)])
+                                 str(THREADS), "--fit-probes", "layout"])
     assert r.exit_code == 2, r.output
     assert "the sensitivity pass needs" in r.output and "Traceback" not in r.output
     assert not list(work.glob("*/probe")) and not list(work.glob("*/header.gguf"))
@@ -285,6 +286,75 @@ def test_a_work_folder_without_room_for_the_probe_layout_is_refused_before_any_c
     # with the room, the same command gets past that point (the check reads the real disk)
     monkeypatch.setattr(sensitivity.shutil, "disk_usage", real)
     sensitivity._check_disk(tmp_path, sensitivity.read_header(model))
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True])
+def test_the_header_twin_gives_llama_quantize_s_header_of_the_source(model, imatrix, tmp_path, monkeypatch,
+                                                                     with_imatrix):
+    """The budget's header is measured on llama-quantize's output of the source's header twin (its KVs and tensor
+    table, two elements per axis) instead of a whole copy of the source: the same bytes before the data, the
+    same alignment and string KVs as llama-quantize's output of the source itself (read with gguf-py's reader),
+    with and without an importance matrix (its provenance keys). A twin of one element per axis lists fewer dims
+    for every tensor (ggml_n_dims) and misses it: the comparison can fail."""
+    from gguf import GGUFReader
+
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant import probe
+    from ggufbridge.quant.filesize import HeaderModel
+    from ggufbridge.quant.quantize import quantize_file
+    from ggufbridge.quant.sensitivity import _measure_header, exact_mix, source_types
+
+    im = imatrix if with_imatrix else None
+    h = read_header(model)
+    real = tmp_path / "real.gguf"
+    quantize_file(model, real, mix=exact_mix("fit-header", h, source_types(h), "Q8_0"), imatrix=im, threads=THREADS)
+    r = GGUFReader(real)
+    data_start = r.data_offset  # gguf-py: where the aligned tensor data begins
+    align = int(r.fields["general.alignment"].parts[-1][0]) if "general.alignment" in r.fields else 32
+    strings = {k: str(bytes(f.parts[-1]), "utf-8") for k, f in r.fields.items()
+               if f.types and f.types[0].name == "STRING" and len(f.types) == 1}
+    twin = _measure_header(h, tmp_path, im, THREADS, None)
+    assert twin.alignment == align
+    assert twin.unpadded <= data_start < twin.unpadded + align  # padded to the same data offset
+    assert twin.bytes_for({}) == data_start
+    assert twin.strings == strings
+    assert twin == HeaderModel.measure(real)  # byte for byte, by our own reader
+    assert not list(tmp_path.glob("header*.gguf"))  # nothing left in --work
+    if with_imatrix:
+        assert any(k.startswith("quantize.imatrix.") for k in strings)
+
+    monkeypatch.setattr(probe, "_twin_shape", lambda shape: tuple(1 for _ in shape))
+    assert _measure_header(h, tmp_path, im, THREADS, None).unpadded < twin.unpadded
+
+
+def test_a_part_of_a_split_source_is_refused_with_how_to_join_it(model, cal, tmp_path):
+    """A split GGUF's first part lists only its own tensors: measured as the model, the mix would miss the other
+    parts. One line naming the way to join it, before any calibration; the join it names works (llama-quantize
+    reads every part) and the joined file is one the measurement takes."""
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant.probe import ProbeModel
+    from ggufbridge.quant.sensitivity import units_of
+
+    layout = ProbeModel(model, units_of(read_header(model)), tmp_path / "split")
+    layout.build()  # a split GGUF of the model: the rest, then one part per unit
+    first = layout.main
+    r = CliRunner().invoke(cli, ["quantize", str(first), "-o", str(tmp_path / "o.gguf"), "--fit-bytes", "3MB",
+                                 "--ctx", "0", "--calibration", str(cal), "--work", str(tmp_path / "w"),
+                                 "--threads", str(THREADS)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"is one part of a {layout.n}-part split GGUF" in r.output and "--quant BF16" in r.output, r.output
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").rglob("*.gguf"))
+    one = tmp_path / "one.gguf"
+    r = CliRunner().invoke(cli, ["quantize", str(first), "-o", str(one), "--quant", "BF16", "--threads",
+                                 str(THREADS)])
+    assert r.exit_code == 0, r.output
+    joined = read_header(one)
+    assert "split.count" not in joined.kv
+    def dims(h):  # as ggml_n_dims counts them: llama-quantize writes (256,) for a (256, 1) tensor
+        return {t.name: tuple(t.shape[:max([i + 1 for i, d in enumerate(t.shape) if d > 1] or [1])])
+                for t in h.tensors}
+
+    assert dims(joined) == dims(read_header(model))
 
 
 def test_sampled_errors_estimate_the_full_ones(model):
@@ -452,10 +522,11 @@ def test_resident_probes_cost_the_tokens_not_a_load_each():
     from ggufbridge.quant.cost import CostModel
 
     kw = dict(units=10, rows=16, tokens=1000, elements=10**6, sampled=0, types=1, source_bytes=4 * 10**6,
-              load_s=5.0, token_s=1e-3, element_s=0, probe_element_s=0, byte_s=0, reference_passes=0,
+              load_s=5.0, token_s=1e-3, element_s=0, probe_element_s=0, byte_s=1e-9, reference_passes=0,
               final_element_s=0.0)
     layout = CostModel(**kw)
     res = CostModel(**kw, resident=True, unit_bytes=2 * 10**6, set_byte_s=1e-9, swap_element_s=2e-9)
     assert layout.parts()["probes"] == pytest.approx(11 * (5.0 + 1.0))
     assert res.parts()["probes"] == pytest.approx(5.0 + 11 * 1.0 + 10**6 * 2e-9 + 2 * 2 * 10**6 * 1e-9)
-    assert "header" in res.parts() and "probe layout + header" in layout.parts()
+    # the layout probes copy the source once; resident ones copy nothing (the header is measured on its twin)
+    assert layout.parts()["probe layout"] == pytest.approx(4e-3) and "probe layout" not in res.parts()

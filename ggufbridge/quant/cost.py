@@ -18,7 +18,9 @@ work here and now:
   the pass will use;
 * the final mix = weights × `final_element_s` (source → float → a type, what llama-quantize does per weight,
   the mean over the candidate types: the mix is not known yet) + the output written;
-* copies = source bytes × `byte_s`, timed on the source's first tensor data.
+* copies = source bytes × `byte_s`, timed on the source's first tensor data: the layout probes' copy of the
+  source and the final mix's output (llama-quantize's header is measured in the calibration, on the source's
+  header twin: no copy).
 
 So the total is  spent + copies + reference + probes + quantisation + final,  and a time budget
 (`--fit-budget-time`) is met by measuring on fewer calibration tokens (the total is linear in them).
@@ -82,8 +84,7 @@ class CostModel:
     def parts(self, tokens: int | None = None) -> dict[str, float]:
         final = self.final_element_s if self.final_element_s is not None else self.element_s / max(1, self.types)
         return {
-            ("header" if self.resident else "probe layout + header"):
-                (1 if self.resident else 2) * self.source_bytes * self.byte_s,
+            **({} if self.resident else {"probe layout": self.source_bytes * self.byte_s}),
             "reference": self.reference_passes * self.pass_s(tokens),
             "quantisation error": self.elements * self.probe_element_s + self.sampled * self.element_s,
             "probes": self.probes_s(tokens),

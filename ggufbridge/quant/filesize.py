@@ -7,7 +7,8 @@ GGML_QUANT_SIZES: rows cut into blocks of `block` weights stored in `type_size` 
 
 The KV section of a quantised file is not the source's: llama-quantize adds `general.quantization_version`, sets
 `general.file_type`, writes the imatrix provenance keys and our overrides. Rather than re-implement that, the
-header is measured on one real output of the same source made the same way (`HeaderModel.measure`), and only the
+header is measured on one real output made the same way (`HeaderModel.measure`) of the source's header twin
+(ggufbridge.quant.probe.write_header_twin: same KVs and tensor table, two elements per axis), and only the
 string values that differ between that file and the planned one (recipe name, file type, fallbacks) are
 accounted for.
 """

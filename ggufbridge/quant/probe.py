@@ -36,6 +36,7 @@ import numpy as np
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType
 
 from ggufbridge.errors import QuantError
+from ggufbridge.quant import types as qt
 from ggufbridge.ggufio.reader import GGUFHeader, TensorInfo, read_header
 from ggufbridge.ggufio.writer import _str
 
@@ -84,13 +85,19 @@ def _write_split(path: Path, *, kv_raw: bytes, n_kv: int, idx: int, count: int, 
                  tensors: list[tuple[str, tuple[int, ...], int, object]], align: int) -> None:
     """One split file. `tensors`: (name, ggml shape, ggml type id, data) where data is a numpy uint8 array or a
     callable writing the bytes to a file object."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     kv = kv_raw + _kv_u16(SPLIT_NO, idx) + _kv_u16(SPLIT_COUNT, count) + _kv_i32(SPLIT_TENSORS, n_tensors_total)
     n_kv += 3
     if idx > 0 and align != GGUF_DEFAULT_ALIGNMENT:
         kv += _kv_u32("general.alignment", align)
         n_kv += 1
+    _write_gguf(path, kv=kv, n_kv=n_kv, tensors=tensors, align=align)
+
+
+def _write_gguf(path: Path, *, kv: bytes, n_kv: int, tensors: list[tuple[str, tuple[int, ...], int, object]],
+                align: int) -> None:
+    """A GGUF v3 file from raw KV bytes and `tensors` (as `_write_split`), written under a temporary name first."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     infos, offset, sizes = [], 0, []
     for name, shape, tid, _ in tensors:
         block, bsize = GGML_QUANT_SIZES[GGMLQuantizationType(tid)]
@@ -112,6 +119,34 @@ def _write_split(path: Path, *, kv_raw: bytes, n_kv: int, idx: int, count: int, 
                 f.write(memoryview(b))
             f.write(b"\0" * _pad(n, align))
     os.replace(tmp, path)
+
+
+def _twin_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    # 2 wherever the source has more than 1: ggml_n_dims (the dims llama-quantize writes for a tensor,
+    # ggml/src/gguf.cpp gguf_write_to_buf) counts up to the last axis > 1, so the twin's tensor table is as long
+    return tuple(2 if d > 1 else 1 for d in shape)
+
+
+def write_header_twin(h: GGUFHeader, path: Path) -> None:
+    """A GGUF with `h`'s KV section byte for byte and its tensors (names, types, number of dims) at 2 elements per
+    axis, zeros: llama-quantize writes the same header for it as for the source (it copies the KVs and lists every
+    tensor with its name, dims, type and offset; no key depends on the data), in a fraction of a second instead of
+    a copy of the source (69 GB for the 35B-A3B) only to read that header back. Tensors keep their (unquantised)
+    types, whose block is one element. Checked against a real output in tests/test_quant_fit.py."""
+    from gguf import GGMLQuantizationType
+
+    n_kv, kv = _kv_section(h)
+    if SPLIT_COUNT in h.kv:
+        raise QuantError(f"{h.path}: one shard of a split GGUF; merge it first (llama-gguf-split --merge)")
+    align = int(h.kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+    tensors = []
+    for t in h.tensors:
+        if qt.block_size(t.type) != 1:
+            raise QuantError(f"{h.path}: {t.name} is stored as {t.type}; the header is measured on unquantised "
+                             "sources")
+        shape = _twin_shape(t.shape)
+        tensors.append((t.name, shape, int(GGMLQuantizationType[t.type]), np.zeros(qt.nbytes(t.type, shape), np.uint8)))
+    _write_gguf(path, kv=kv, n_kv=n_kv, tensors=tensors, align=align)
 
 
 def _copier(src: Path, start: int, n: int):

@@ -30,6 +30,7 @@ import re
 import resource
 import shutil
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -551,10 +552,10 @@ def resident_probes(probes: str, header: GGUFHeader, n_gpu_layers: int) -> bool:
     return probes == "resident" or n_gpu_layers != 0 or header.file_bytes <= RESIDENT_RAM_SHARE * _mem_available()
 
 
-def _check_disk(work: Path, header: GGUFHeader, resident: bool = False) -> None:
-    """The header measurement (a copy of the source, deleted after) and then, unless the probes are resident, the
-    probe layout (another, kept until the measurement ends) each need the source's size free in the work folder:
-    refused before either is written, not halfway through a copy (a 35B-A3B source is 69 GB)."""
+def _check_disk(work: Path, header: GGUFHeader) -> None:
+    """The probe layout (a copy of the source, kept until the measurement ends) needs the source's size free in the
+    work folder: refused before it is written, not halfway through a copy (a 35B-A3B source is 69 GB). Resident
+    probes write no copy."""
     # a resumed run's layout is already written: only what is missing counts
     layout = work / "probe"
     have = sum(f.stat().st_size for f in [*layout.glob("*.src.gguf"), *layout.glob("main.gguf")]) \
@@ -562,24 +563,27 @@ def _check_disk(work: Path, header: GGUFHeader, resident: bool = False) -> None:
     need = int(header.file_bytes * 1.02) + (64 << 20) - have
     free = shutil.disk_usage(work).free
     if free < need:
-        why = ("llama-quantize's header is measured on a copy of the source" if resident else
-               "a copy of the source for its probes")
-        raise QuantError(f"--work {work}: the sensitivity pass needs {human_size(need)} free there ({why}), "
-                         f"{human_size(free)} is free; give --work a folder on a larger disk")
+        raise QuantError(f"--work {work}: the sensitivity pass needs {human_size(need)} free there (a copy of the "
+                         f"source for its probes; --fit-probes resident writes none), {human_size(free)} is free; "
+                         "give --work a folder on a larger disk")
 
 
-def _measure_header(src: Path, header: GGUFHeader, work: Path, imatrix, threads, runtime) -> HeaderModel:
-    """The KV section llama-quantize writes for this source: measured on one of its outputs (every tensor kept at
-    its source type: a copy, no quantisation)."""
+def _measure_header(header: GGUFHeader, work: Path, imatrix, threads, runtime) -> HeaderModel:
+    """The KV section and tensor table llama-quantize writes for this source: measured on its output of the
+    source's header twin (ggufbridge.quant.probe.write_header_twin: the same KVs and tensor table, two elements
+    per axis), every tensor kept at its source type. Until 2026-12-05 this quantised the source itself: a whole
+    copy (69 GB at the full size) written and deleted only for its header."""
+    from ggufbridge.quant.probe import write_header_twin
     from ggufbridge.quant.quantize import quantize_file
 
-    out = work / "header.gguf"
-    keep = source_types(header)
-    rec = exact_mix("fit-header", header, keep, "Q8_0")
+    twin, out = work / f"header-twin.{os.getpid()}.gguf", work / f"header.{os.getpid()}.gguf"  # runs may share work
+    rec = exact_mix("fit-header", header, source_types(header), "Q8_0")
     try:
-        quantize_file(src, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
+        write_header_twin(header, twin)
+        quantize_file(twin, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
         return HeaderModel.measure(out)
     finally:
+        twin.unlink(missing_ok=True)
         out.unlink(missing_ok=True)
 
 
@@ -617,6 +621,23 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     say = report or (lambda line: log.info("%s", line))
     src = Path(src)
     header = read_header(src)
+    parts = header.kv.get("split.count")
+    if isinstance(parts, int) and parts > 1:  # the tensor table here is this part's only
+        from ggufbridge.errors import GGUFFileError
+        from ggufbridge.runtime.artifacts import split_parts
+
+        try:
+            files = split_parts(src, header.kv) or (src,)
+        except GGUFFileError:  # parts missing or misnamed: what this one holds
+            files = (src,)
+        by_bytes = Counter()  # the weights' type: the join keeps it
+        for t in (t for f in files for t in read_header(f).tensors):
+            if t.type in ("BF16", "F16", "F32"):
+                by_bytes[t.type] += t.nbytes
+        as_type = by_bytes.most_common(1)[0][0] if by_bytes else "BF16"
+        raise QuantError(f"{src} is one part of a {parts}-part split GGUF; --fit-bytes measures a single file: join "
+                         f"it first (`ggufbridge quantize {src} -o ONE.gguf --quant {as_type}`: llama-quantize reads "
+                         "every part and copies tensors already at that type)")
     if header.kv.get("general.architecture") != "qwen35moe":
         raise QuantError(f"{src}: --fit-bytes measures qwen35moe text models, found architecture "
                          f"{header.kv.get('general.architecture')!r}")
@@ -675,6 +696,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
                                                              largest)
         qtime = _time_quantisation(q, header, units, types, probe_type)
         byte_s = _time_copy(header, Path(work))
+        header_model = _measure_header(header, Path(work), imatrix, threads, runtime)  # a second or two: no copy
 
         def ref_file_of(rows):
             return Path(work) / (f"reference-{_digest(src_id, evalset.set_hash(rows), ref_key, ctx)}"
@@ -734,9 +756,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         timings["reference_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        _check_disk(work, header, resident)
-        header_model = _measure_header(src, header, work, imatrix, threads, runtime)
         if not resident:
+            _check_disk(work, header)
             layout = ProbeModel(src, units, work / "probe")
             layout.build()
         timings["layout_s"] = time.perf_counter() - t0

@@ -158,7 +158,7 @@ def projector_type(kv: dict) -> str | None:
     return None
 
 
-def _parts(first: Path, kv: dict) -> tuple[Path, ...]:
+def split_parts(first: Path, kv: dict) -> tuple[Path, ...]:
     """Every part of a split model, from its first part: named as gguf-split names them, all present, each saying
     it is part i of n. () for a file that is not split."""
     count = kv.get("split.count")
@@ -181,7 +181,7 @@ def _parts(first: Path, kv: dict) -> tuple[Path, ...]:
 
 
 def _artifact(pr: Probe, role: str) -> Artifact:
-    parts = _parts(pr.path, pr.header.kv if pr.header else {})
+    parts = split_parts(pr.path, pr.header.kv if pr.header else {})
     files = parts or (pr.path,)
     return Artifact(role, pr.path, sum(p.stat().st_size for p in files), None, None, parts)
 

@@ -7,11 +7,14 @@ not exited `STOP_GRACE` seconds later is killed (SIGKILL), which also closes eve
 second signal kills it at once. A signal that arrives while the process is being created is delivered once it
 exists; whatever happens, the server is stopped before `run_foreground` returns or raises.
 
-Why the grace is needed: llama-server's own shutdown ends its task loop, then waits for its HTTP threads, and a
-thread answering a request waits for results the loop will never send, for as long as its client keeps the
-connection open (tools/server/server.cpp:541-545, ctx_http.join() after start_loop(); the wait,
-server-queue.cpp:550-558, gives up only when the client has gone). With clients in flight the first SIGTERM alone
-never ends it.
+Why the grace is still there: llama-server's own shutdown ends its task loop (after the batch it is computing),
+then waits for its HTTP threads (tools/server/server.cpp:542-545, ctx_http.join() after start_loop()). A thread
+answering a request waited for results the stopped loop never sends, for as long as its client kept the
+connection open (server-queue.cpp:550-558 gives up only when the client has gone), and the signal handler could
+deadlock on a mutex the interrupted thread held, so the first SIGTERM alone never ended a server with clients in
+flight; patch 0030 (server-shutdown-answers-in-flight-requests) runs the shutdown off the handler, answers them 503
+within a polling interval and the server exits 0. The kill remains for what the patch cannot shorten (a batch
+longer than the grace, a hang) and for a runtime built without it.
 """
 
 from __future__ import annotations
