@@ -69,11 +69,11 @@ def _kv_section(h: GGUFHeader) -> tuple[int, bytes]:
         head = f.read(24)
         magic, version, n_tensors, n_kv = struct.unpack("<IIQQ", head)
         if magic != GGUF_MAGIC or version != 3 or n_tensors != len(h.tensors):
-            raise QuantError(f"{h.path}: not a little-endian GGUF v3 file (the probe layout copies its header)")
+            raise QuantError(f"{h.path}: not a little-endian GGUF v3 file (the sensitivity pass copies its header)")
         f.seek(start)
         raw = f.read(end - start)
     if any("\ufffd" in t.name for t in h.tensors) or len(raw) != end - start:
-        raise QuantError(f"{h.path}: tensor names that are not UTF-8; cannot lay it out for probes")
+        raise QuantError(f"{h.path}: tensor names that are not UTF-8; the sensitivity pass cannot copy its header")
     return n_kv, raw
 
 
