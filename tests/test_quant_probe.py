@@ -517,6 +517,50 @@ def test_resident_probes_are_chosen_where_the_runtime_and_the_memory_allow(model
         sensitivity.resident_probes("resident", h, 0)
 
 
+def test_the_measurement_offloads_what_fits_the_gpu(model, monkeypatch):
+    """On a GPU smaller than the weights (a 24 GB RTX 4090 and the 35B-A3B's 69 GB of BF16) every layer offloaded
+    cannot load: as many layers as fit the free memory are offloaded, in llama.cpp's order (-ngl k: the output
+    layer and the last k - 1 blocks; the token embedding never), and the probes are resident only when what stays
+    in host memory fits half of it. The expected layers are restated here from names and sizes."""
+    from ggufbridge.ggufio.reader import read_header
+    from ggufbridge.quant import ggmlq, probe, sensitivity
+
+    assert (ggmlq.gpu_memory() is None) == (not ggmlq.has_gpu())  # this runtime's own answer
+    h = read_header(model)
+    blocks: dict[int, int] = {}
+    out = emb = 0
+    for t in h.tensors:
+        if t.name.startswith("blk."):
+            i = int(t.name.split(".")[1])
+            blocks[i] = blocks.get(i, 0) + t.nbytes
+        elif t.name.startswith("token_embd"):
+            emb += t.nbytes
+        else:
+            out += t.nbytes
+    n = max(blocks) + 1
+    weights = emb + out + sum(blocks.values())
+    monkeypatch.setattr(probe, "GPU_RESERVE", 0)
+    monkeypatch.setattr(probe, "GPU_RESERVE_SHARE", 0.0)
+
+    def with_free(free):
+        monkeypatch.setattr(ggmlq, "gpu_memory", lambda: (free, 10 * weights))
+        return probe.gpu_layers(h)
+
+    monkeypatch.setattr(ggmlq, "gpu_memory", lambda: None)
+    assert probe.gpu_layers(h) == 0 and probe.host_bytes(h, 0) == weights
+    assert with_free(weights) == -1 and probe.host_bytes(h, -1) == emb
+    assert with_free(weights - emb - 1) == n  # all but the first block
+    last = out + blocks[n - 1]
+    assert with_free(last) == 2 and probe.host_bytes(h, 2) == weights - last
+    assert with_free(last + blocks[n - 2] - 1) == 2
+    assert with_free(out - 1) == 0
+    monkeypatch.setattr(sensitivity, "_mem_available", lambda: 2 * (weights - last))
+    assert sensitivity.resident_probes("auto", h, 2)
+    monkeypatch.setattr(sensitivity, "_mem_available", lambda: 2 * (weights - last) - 2)
+    assert not sensitivity.resident_probes("auto", h, 2)
+    assert sensitivity.resident_probes("auto", h, -1)
+
+
 def test_resident_probes_cost_the_tokens_not_a_load_each():
     """The cost model of resident probes: one load for all of them, each probe its tokens and its unit's writes."""
     from ggufbridge.quant.cost import CostModel

@@ -55,13 +55,32 @@ def _library_path(stem: str = "libggml-base") -> Path:
     return p
 
 
-def has_gpu() -> bool:
-    """Whether the runtime has a GPU device (GGML_BACKEND_DEVICE_TYPE_GPU, ggml/include/ggml-backend.h:134-145).
-    `llama_supports_gpu_offload` is no test: a CPU build with the RPC backend says yes."""
+def _gpu_device() -> tuple[ctypes.CDLL, int | None]:
+    """libggml and its first GPU device (GGML_BACKEND_DEVICE_TYPE_GPU, ggml/include/ggml-backend.h:134-145)."""
     L = ctypes.CDLL(str(_library_path("libggml")))
     L.ggml_backend_dev_by_type.restype = ctypes.c_void_p
     L.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-    return bool(L.ggml_backend_dev_by_type(1))
+    return L, L.ggml_backend_dev_by_type(1)
+
+
+def has_gpu() -> bool:
+    """Whether the runtime has a GPU device. `llama_supports_gpu_offload` is no test: a CPU build with the RPC
+    backend says yes."""
+    return bool(_gpu_device()[1])
+
+
+def gpu_memory() -> tuple[int, int] | None:
+    """(free, total) bytes of the runtime's first GPU device (ggml_backend_dev_memory: cudaMemGetInfo on CUDA, the
+    shared pool on a unified-memory GPU), or None without one."""
+    L, dev = _gpu_device()
+    if not dev:
+        return None
+    L.ggml_backend_dev_memory.restype = None
+    L.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                          ctypes.POINTER(ctypes.c_size_t)]
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    L.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
 
 
 def lib() -> ctypes.CDLL:

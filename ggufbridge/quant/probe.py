@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import struct
 import time
 from pathlib import Path
@@ -330,11 +331,57 @@ class ResidentModel:
         self.close()
 
 
-def gpu_layers() -> int:
-    """Every layer on the GPU when the runtime has a GPU device (CUDA, Metal, ...), else 0."""
-    from ggufbridge.quant.ggmlq import has_gpu
+# of the GPU's free memory, kept for what is not weights: the compute buffers (a 256-token chunk's logits over
+# 248,144 entries alone are 0.25 GB), the calibration rows' KV cache and recurrent state, and other processes' growth
+GPU_RESERVE = 2 << 30
+GPU_RESERVE_SHARE = 0.05
 
-    return -1 if has_gpu() else 0
+
+def _layer_bytes(header: GGUFHeader) -> tuple[list[int], int]:
+    """(weight bytes of each block and, last, of the output layer; of the input layer, the token embedding)."""
+    blocks = [int(m[1]) for t in header.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))]
+    n_layer = max(blocks) + 1 if blocks else 0
+    per, inputs = [0] * (n_layer + 1), 0
+    for t in header.tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        if m:
+            per[int(m[1])] += t.nbytes
+        elif t.name.startswith("token_embd"):
+            inputs += t.nbytes
+        else:  # output.weight, output_norm.weight
+            per[n_layer] += t.nbytes
+    return per, inputs
+
+
+def host_bytes(header: GGUFHeader, n_gpu_layers: int) -> int:
+    """Weight bytes that stay in host memory when `header`'s model is loaded with `n_gpu_layers` (-1: all)."""
+    from ggufbridge.runtime.memory import offloaded
+
+    per, inputs = _layer_bytes(header)
+    ngl = len(per) if n_gpu_layers < 0 else n_gpu_layers
+    return inputs + sum(b for b, gpu in zip(per, offloaded(len(per) - 1, ngl)) if not gpu)
+
+
+def gpu_layers(header: GGUFHeader | None = None) -> int:
+    """How many layers the measurement offloads: 0 without a GPU device (CUDA, Metal, ...); -1 (all) when the
+    weights fit the GPU's free memory less a reserve (or without a header); else as many as fit, counted as
+    llama.cpp counts them, the output layer first and then the last blocks (ggufbridge.runtime.memory.offloaded):
+    a 24 GB RTX 4090 holds ~11 of the 35B-A3B's 40 BF16 blocks, where offloading all of them could not load."""
+    from ggufbridge.quant.ggmlq import gpu_memory
+
+    mem = gpu_memory()
+    if mem is None:
+        return 0
+    if header is None:
+        return -1
+    free, total = mem
+    room = free - GPU_RESERVE - int(GPU_RESERVE_SHARE * total)
+    per, inputs = _layer_bytes(header)
+    weights = sum(per) + inputs
+    for ngl in range(len(per), 0, -1):
+        if weights - host_bytes(header, ngl) <= room:
+            return -1 if ngl == len(per) else ngl
+    return 0
 
 
 class Evaluator:

@@ -536,9 +536,10 @@ def _mem_available() -> int:
 def resident_probes(probes: str, header: GGUFHeader, n_gpu_layers: int) -> bool:
     """Whether the probes run in one resident model (ggufbridge.quant.probe.ResidentModel) or in the split layout.
     `probes`: "auto", "resident" or "layout". Auto: resident when the runtime can write a loaded weight and the
-    weights live in the GPU's memory or fit in half of the memory available here; the layout's mapped pages can
-    be evicted, so it measures a source larger than the memory (at a reload per probe)."""
-    from ggufbridge.quant.probe import set_tensor_fn
+    weights left in host memory with `n_gpu_layers` offloaded (all of them on a CPU, the token embedding when every
+    layer is on a GPU) fit in half of the memory available here; the layout's mapped pages can be evicted, so it
+    measures a source larger than the memory (at a reload per probe)."""
+    from ggufbridge.quant.probe import host_bytes, set_tensor_fn
 
     if probes not in ("auto", "resident", "layout"):
         raise QuantError(f"probes must be auto, resident or layout, found {probes!r}")
@@ -549,7 +550,7 @@ def resident_probes(probes: str, header: GGUFHeader, n_gpu_layers: int) -> bool:
             raise QuantError("this runtime cannot write a loaded weight (llama_model_set_tensor_data, patch "
                              "0029-llama-ext-model-tensor-set): build it with `ggufbridge build-runtime`")
         return False
-    return probes == "resident" or n_gpu_layers != 0 or header.file_bytes <= RESIDENT_RAM_SHARE * _mem_available()
+    return probes == "resident" or host_bytes(header, n_gpu_layers) <= RESIDENT_RAM_SHARE * _mem_available()
 
 
 def _check_disk(work: Path, header: GGUFHeader) -> None:
@@ -605,8 +606,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     (cheaper, noisier). Before the work starts, the cost is measured and given to `report` (a callable taking a
     line; ggufbridge.quant.cost); with `budget_s`, fewer calibration tokens are used when the estimate is over it,
     and the run is refused when even MIN_TOKENS would not fit. Finished steps are recorded in the measurement's
-    folder and an interrupted run resumes from them. `n_gpu_layers`: None offloads every layer
-    when the runtime has a GPU backend.
+    folder and an interrupted run resumes from them. `n_gpu_layers`: None offloads what fits the GPU's free
+    memory, every layer where the weights fit (ggufbridge.quant.probe.gpu_layers); 0 without a GPU backend.
     """
     from tqdm import tqdm
 
@@ -655,7 +656,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
         raise QuantError(f"--fit-budget-time must be positive, found {budget_s}")
     imatrix = str(Path(imatrix)) if imatrix is not None else None
     threads = threads or _default_threads()
-    n_gpu_layers = gpu_layers() if n_gpu_layers is None else n_gpu_layers
+    n_gpu_layers = gpu_layers(header) if n_gpu_layers is None else n_gpu_layers
     resident = resident_probes(probes, header, n_gpu_layers)
     if max_tokens is not None and max_tokens < MIN_TOKENS:
         raise QuantError(f"--calibration-tokens must be at least {MIN_TOKENS}, found {max_tokens}")
@@ -712,7 +713,8 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
                 source_bytes=header.file_bytes, load_s=load_s, token_s=token_s, kl_token_s=kl_token_s,
                 element_s=qtime["element_s"], probe_element_s=qtime["probe_element_s"], byte_s=byte_s,
                 reference_passes=0 if reference.startswith("logits:") or ref_file_of(rows).is_file() else 1,
-                spent_s=time.perf_counter() - t_start, device="GPU" if n_gpu_layers else "CPU",
+                spent_s=time.perf_counter() - t_start,
+                device="GPU" if n_gpu_layers < 0 else f"GPU, {n_gpu_layers} layers" if n_gpu_layers else "CPU",
                 done=len(m.units), final_element_s=qtime["final_element_s"], resident=resident,
                 unit_bytes=sum(header.tensor(n).nbytes for u in left for n in units[u]), set_byte_s=set_byte_s,
                 swap_element_s=qtime["swap_element_s"])

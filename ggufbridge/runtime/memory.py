@@ -452,14 +452,14 @@ def _tensor_split(devices: list[Pool]) -> list[float] | None:
     return [float(d.budget // GIB) for d in devices] if len(devices) > 1 else None
 
 
-def _assign(devices: list[Pool], split: list[float] | None, n_layer: int, ngl: int) -> list[int | None]:
+def _assign(n_devices: int, split: list[float] | None, n_layer: int, ngl: int) -> list[int | None]:
     """Device index (None = host) of each block and, last, of the output layer, for -ngl ngl and the plan's
     --tensor-split, exactly as llama_model::load_tensors assigns them (src/llama-model.cpp:1556-1614, in float32):
     -ngl counts the output layer, so -ngl n keeps the first n_layer + 1 - n blocks on the host."""
     start = max(n_layer + 1 - ngl, 0)
-    act = min(ngl, n_layer + 1) if devices else 0
+    act = min(ngl, n_layer + 1) if n_devices else 0
     cum, acc = [], 0.0
-    for x in split or [1.0] * len(devices):
+    for x in split or [1.0] * n_devices:
         acc = _f32(acc + x)
         cum.append(acc)
     cum = [_f32(c / acc) for c in cum]
@@ -468,8 +468,14 @@ def _assign(devices: list[Pool], split: list[float] | None, n_layer: int, ngl: i
         if il < start or il - start >= act:
             continue
         frac = _f32(_f32(il - start) / act)
-        out[il] = min(bisect.bisect_right(cum, frac), len(devices) - 1)  # std::upper_bound
+        out[il] = min(bisect.bisect_right(cum, frac), n_devices - 1)  # std::upper_bound
     return out
+
+
+def offloaded(n_layer: int, ngl: int) -> list[bool]:
+    """Whether each block and, last, the output layer sits on the GPU for -ngl ngl on a machine with one GPU (the
+    input layer, the token embedding, never does: src/llama-model.cpp:1603-1605)."""
+    return [d is not None for d in _assign(1, None, n_layer, ngl)]
 
 
 def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_moe: int,
@@ -482,7 +488,7 @@ def evaluate(target: TargetShape, recipe: Recipe, *, ctx: int, ngl: int, n_cpu_m
     notes: list[str] = []
     pools = list(devices) + ([host] if host not in devices else [])
     split = _tensor_split(devices)
-    where = _assign(devices, split, target.n_layer, ngl)
+    where = _assign(len(devices), split, target.n_layer, ngl)
     dev = [devices[w] if w is not None else host for w in where[:-1]]
     slots = srv["parallel"] if slots is None else slots
     cells = slots * _pad(ctx)  # the KV pool (MemoryPlan.kv_cells); the draft's and the attention mask's extent too
