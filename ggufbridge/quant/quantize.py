@@ -109,12 +109,13 @@ def _default_threads() -> int:
 
 def quantize_file(src, dst, quant: str | None = None, mix: str | Mix | None = None, imatrix=None, *,
                   runtime=None, allow_requantize: bool = False, threads: int | None = None,
-                  progress: bool = False) -> QuantResult:
+                  progress: bool = False, internal: bool = False) -> QuantResult:
     """Quantise GGUF `src` into `dst` (written directly: the caller picks temporary names and renames); `progress`:
     a bar per tensor quantised, read from llama-quantize's own output (quant.toolrun).
 
     Exactly one of `quant` (a llama-quantize type, e.g. "Q4_K_M") or `mix` (a packaged name, a TOML path or a
     Mix). `imatrix`: an importance matrix from `compute_imatrix` (required by the very-low-bit types).
+    `internal`: a step of a larger command the user did not ask for by name (logged at debug level).
     """
     if (quant is None) == (mix is None):
         raise QuantError("give exactly one of a quantisation type (--quant) or a mix (--mix)")
@@ -167,7 +168,7 @@ def quantize_file(src, dst, quant: str | None = None, mix: str | Mix | None = No
         if fallbacks:
             argv += ["--override-kv", f"{QUANT_FALLBACKS}=str:" + _short_fallbacks(choices)]
         argv += [str(src), str(dst), ftype, str(threads or _default_threads())]
-        log.info("quantising %s → %s (%s)", src.name, dst.name, label)
+        log.log(logging.DEBUG if internal else logging.INFO, "quantising %s → %s (%s)", src.name, dst.name, label)
         try:
             code, out = run_tool(argv, env=runtime.env(), progress=toolrun.QUANTIZE, show=progress)
         except OSError as e:

@@ -581,7 +581,7 @@ def _measure_header(header: GGUFHeader, work: Path, imatrix, threads, runtime) -
     rec = exact_mix("fit-header", header, source_types(header), "Q8_0")
     try:
         write_header_twin(header, twin)
-        quantize_file(twin, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime)
+        quantize_file(twin, out, mix=rec, imatrix=imatrix, threads=threads, runtime=runtime, internal=True)
         return HeaderModel.measure(out)
     finally:
         twin.unlink(missing_ok=True)
