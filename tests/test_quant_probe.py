@@ -511,6 +511,10 @@ def test_resident_probes_are_chosen_where_the_runtime_and_the_memory_allow(model
     monkeypatch.setattr(sensitivity, "_mem_available", lambda: h.file_bytes)  # the source > half of it
     assert not sensitivity.resident_probes("auto", h, 0)
     assert sensitivity.resident_probes("auto", h, -1)  # on a GPU the weights are in its memory
+    assert sensitivity.resident_probes("resident", h, 0)  # insisted on: up to all of the memory
+    monkeypatch.setattr(sensitivity, "_mem_available", lambda: h.file_bytes // 2)
+    with pytest.raises(QuantError, match="--fit-probes resident keeps .* available: use --fit-probes layout"):
+        sensitivity.resident_probes("resident", h, 0)  # more than the memory: refused, not killed by the kernel
     monkeypatch.setattr(probe, "set_tensor_fn", lambda: None)  # a runtime without the patch
     assert not sensitivity.resident_probes("auto", h, -1)
     with pytest.raises(QuantError, match="cannot write a loaded weight"):

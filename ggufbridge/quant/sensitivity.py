@@ -550,7 +550,11 @@ def resident_probes(probes: str, header: GGUFHeader, n_gpu_layers: int) -> bool:
             raise QuantError("this runtime cannot write a loaded weight (llama_model_set_tensor_data, patch "
                              "0029-llama-ext-model-tensor-set): build it with `ggufbridge build-runtime`")
         return False
-    return probes == "resident" or host_bytes(header, n_gpu_layers) <= RESIDENT_RAM_SHARE * _mem_available()
+    host, avail = host_bytes(header, n_gpu_layers), _mem_available()
+    if probes == "resident" and avail and host > avail:  # loaded unmapped: the kernel would kill the run
+        raise QuantError(f"--fit-probes resident keeps {human_size(host)} of weights in memory and "
+                         f"{human_size(avail)} is available: use --fit-probes layout (mapped, evictable) or auto")
+    return probes == "resident" or host <= RESIDENT_RAM_SHARE * avail
 
 
 def _check_disk(work: Path, header: GGUFHeader) -> None:
