@@ -199,10 +199,14 @@ def main(argv=None) -> int:
     for layers, mode in [(n, m) for n in a.layers for m in a.probes]:
         src = build(a.work, layers, a.experts, a.vocab)
         d = src.parent
-        q4 = d / "Q4_K_M.gguf"
+        q4, q4_time = d / "Q4_K_M.gguf", d / "Q4_K_M.time.json"
+        if (layers not in q4_times or not q4.is_file()) and q4.is_file() and q4_time.is_file():
+            # made by an earlier call that a device's time limit cut during the --fit-bytes run: kept, not redone
+            q4_times[layers] = json.loads(q4_time.read_text())["s"]
         if layers not in q4_times or not q4.is_file():  # once per size: the next mode reuses it
             q4_times[layers], _ = run(["quantize", str(src), "-o", str(q4), "--quant", "Q4_K_M", "--threads",
                                        str(a.threads)], d / "q4.log")
+            q4_time.write_text(json.dumps({"s": q4_times[layers]}))
         q4_s = q4_times[layers]
         work = d / "sens"
         if work.exists():
@@ -229,6 +233,7 @@ def main(argv=None) -> int:
         (d / "fit.gguf").unlink(missing_ok=True)
         if mode == a.probes[-1]:
             q4.unlink(missing_ok=True)
+            q4_time.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)  # the next size needs the disk (a device has 64 GB)
         rows.sort(key=lambda r: (r["layers"], r.get("probes", "auto")))
         law, full, counts = save(a, rows)

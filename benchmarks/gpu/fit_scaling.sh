@@ -7,7 +7,9 @@
 #   benchmarks/device.sh fit-scaling LAYERS... [-- BENCH ARGS]    e.g. fit-scaling 2 4, then fit-scaling 8
 #
 # A call is limited to minutes, so each call measures some sizes and the results file ($WORK/fit-h200.json) keeps
-# the earlier calls' sizes on a warm machine; it is copied to $OUT after every size and at the end.
+# the earlier calls' sizes on a warm machine; it is copied to $OUT after every size and at the end. A size too long
+# for one call (10 layers: the model's generation, its plain Q4_K_M and the --fit-bytes run) keeps its model and its
+# Q4_K_M with the time it took (Q4_K_M.time.json): the same call again measures only the --fit-bytes run.
 set -uo pipefail
 mode=${1:?generate or run}; shift
 layers=() extra=()
