@@ -177,6 +177,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fit-scaling" / "cpu.json")
     ap.add_argument("--verbose", action="store_true", help="run the commands with -v (llama.cpp's log in the logs)")
+    ap.add_argument("--drop-sources", action="store_true",
+                    help="delete a size's source GGUF once it is measured (a device's 64 GB disk holds 2+4+6+10 "
+                         "layers' sources only barely; kept by default to be reused by the next run)")
     ap.add_argument("--probes", nargs="+", choices=("auto", "resident", "layout"), default=["auto"],
                     help="--fit-probes of each run; several: each size once per mode, in the same call (an A/B); "
                          "the law is fitted on the first")
@@ -234,6 +237,8 @@ def main(argv=None) -> int:
         if mode == a.probes[-1]:
             q4.unlink(missing_ok=True)
             q4_time.unlink(missing_ok=True)
+            if a.drop_sources:
+                src.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)  # the next size needs the disk (a device has 64 GB)
         rows.sort(key=lambda r: (r["layers"], r.get("probes", "auto")))
         law, full, counts = save(a, rows)

@@ -31,7 +31,7 @@ df -h "$WORK" | tail -1
 (while sleep 20; do [ -f "$res" ] && cp "$res" "$OUT/"; done) &
 watch=$!
 python3 -m benchmarks.bench_fit_scaling --work "$WORK/fit" --layers "${layers[@]}" --experts 256 --vocab real \
-  --threads "$JOBS" --out "$res" "${extra[@]}" 2>&1 | tee "$OUT/fit-scaling.log"
+  --threads "$JOBS" --out "$res" --drop-sources "${extra[@]}" 2>&1 | tee "$OUT/fit-scaling.log"
 rc=${PIPESTATUS[0]}
 kill $watch 2>/dev/null
 [ -f "$res" ] && cp "$res" "$OUT/"
