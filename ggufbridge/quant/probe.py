@@ -37,9 +37,9 @@ import numpy as np
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType
 
 from ggufbridge.errors import QuantError
-from ggufbridge.quant import types as qt
 from ggufbridge.ggufio.reader import GGUFHeader, TensorInfo, read_header
 from ggufbridge.ggufio.writer import _str
+from ggufbridge.quant import types as qt
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 _COPY = 64 << 20  # bytes per read when copying source tensors
@@ -133,12 +133,13 @@ def write_header_twin(h: GGUFHeader, path: Path) -> None:
     axis, zeros: llama-quantize writes the same header for it as for the source (it copies the KVs and lists every
     tensor with its name, dims, type and offset; no key depends on the data), in a fraction of a second instead of
     a copy of the source (69 GB for the 35B-A3B) only to read that header back. Tensors keep their (unquantised)
-    types, whose block is one element. Checked against a real output in tests/test_quant_fit.py."""
+    types, whose block is one element. Checked against a real output in tests/test_quant_probe.py."""
     from gguf import GGMLQuantizationType
 
     n_kv, kv = _kv_section(h)
     if SPLIT_COUNT in h.kv:
-        raise QuantError(f"{h.path}: one shard of a split GGUF; merge it first (llama-gguf-split --merge)")
+        raise QuantError(f"{h.path}: one part of a split GGUF; join it first (`ggufbridge quantize {h.path} -o "
+                         "ONE.gguf --quant BF16`)")
     align = int(h.kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
     tensors = []
     for t in h.tensors:
