@@ -132,6 +132,29 @@ def test_verbosity_levels(verbose, shown):
     assert set(p.stderr.split()) == shown
 
 
+BAR = """
+import logging, sys, time
+from tqdm import tqdm
+from ggufbridge import cli
+if sys.argv[1] == "plain":  # the handler before: a plain stream handler
+    cli.BarAwareHandler = logging.StreamHandler
+cli.configure_logging(0)
+log = logging.getLogger("ggufbridge.quant.sensitivity")
+for i in tqdm(range(3), desc="sensitivity", mininterval=0):
+    log.info("unit-%d-measured", i)
+"""
+
+
+@pytest.mark.parametrize("handler", ["ours", "plain"])
+def test_a_line_logged_under_a_progress_bar_gets_a_line_of_its_own(handler):
+    """`--fit-bytes` logs each unit's KL while its progress bar runs: with a plain stream handler the line was glued
+    to the bar's end ("... 1.08s/unit]sensitivity ssm_out@0: KL ..."), now it is written above the bar."""
+    p = subprocess.run([sys.executable, "-c", BAR, handler], capture_output=True, text=True, check=True)
+    glued = any(f"]unit-{i}-measured" in p.stderr or f"|unit-{i}-measured" in p.stderr for i in range(3))
+    own_line = all(f"unit-{i}-measured\n" in p.stderr for i in range(3)) and not glued
+    assert own_line == (handler == "ours"), repr(p.stderr)
+
+
 @pytest.fixture
 def restore_log_levels():
     loggers = [logging.getLogger(), logging.getLogger("ggufbridge")]

@@ -60,12 +60,27 @@ LOG_LEVELS = {0: (logging.INFO, logging.WARNING), 1: (logging.DEBUG, logging.WAR
               2: (logging.DEBUG, logging.DEBUG)}
 
 
+class BarAwareHandler(logging.StreamHandler):
+    """A line logged while a progress bar runs (a unit's KL during `--fit-bytes`, a fallback while quantising) is
+    written above the bar (tqdm.write clears it and draws it again below) instead of being glued to its end."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tq = sys.modules.get("tqdm")  # no bar without tqdm imported: not imported here for that
+        if tq is None or not getattr(tq.tqdm, "_instances", None):
+            super().emit(record)
+            return
+        try:
+            tq.tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 (logging's own contract: a handler reports, never raises)
+            self.handleError(record)
+
+
 def configure_logging(verbose: int) -> None:
     """Messages on stderr, without decoration; levels by LOG_LEVELS[min(verbose, 2)]."""
     ours, others = LOG_LEVELS[min(verbose, 2)]
     root = logging.getLogger()
     if not root.handlers:  # an embedding program (or pytest) that configured logging keeps its handlers
-        handler = logging.StreamHandler(sys.stderr)
+        handler = BarAwareHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(handler)
     root.setLevel(others)
