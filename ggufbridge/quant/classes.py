@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+BLOCK = re.compile(r"^blk\.(\d+)\.")  # a repeating block's tensor; group 1: its index
 
 @dataclass(frozen=True)
 class TensorClass:

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ggufbridge.errors import QuantError
+from ggufbridge.quant.classes import BLOCK
 
 log = logging.getLogger(__name__)
 _SUM, _COUNT = ".in_sum2", ".counts"
-_LAYER = re.compile(r"^blk\.(\d+)\.")
 KEY_FILLED = "ggufbridge.imatrix.filled"
 
 
@@ -86,13 +85,13 @@ def coverage(path) -> list[ExpertCoverage]:
     out = []
     for name, e in sorted(entries.items(), key=lambda kv: _sort_key(kv[0])):
         if len(e.counts) > 1:
-            m = _LAYER.match(name)
+            m = BLOCK.match(name)
             out.append(ExpertCoverage(name, int(m.group(1)) if m else None, [int(round(c)) for c in e.counts]))
     return out
 
 
 def _sort_key(name: str):
-    m = _LAYER.match(name)
+    m = BLOCK.match(name)
     return (int(m.group(1)) if m else -1, name)
 
 

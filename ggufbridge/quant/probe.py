@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import struct
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, TensorInfo, read_header
 from ggufbridge.ggufio.writer import _str
 from ggufbridge.quant import types as qt
+from ggufbridge.quant.classes import BLOCK
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 _COPY = 64 << 20  # bytes per read when copying source tensors
@@ -340,27 +340,30 @@ GPU_RESERVE_SHARE = 0.05
 
 def _layer_bytes(header: GGUFHeader) -> tuple[list[int], int]:
     """(weight bytes of each block and, last, of the output layer; of the input layer, the token embedding)."""
-    blocks = [int(m[1]) for t in header.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))]
-    n_layer = max(blocks) + 1 if blocks else 0
-    per, inputs = [0] * (n_layer + 1), 0
+    blocks: dict[int, int] = {}
+    output = inputs = 0
     for t in header.tensors:
-        m = re.match(r"blk\.(\d+)\.", t.name)
+        m = BLOCK.match(t.name)
         if m:
-            per[int(m[1])] += t.nbytes
+            blocks[int(m[1])] = blocks.get(int(m[1]), 0) + t.nbytes
         elif t.name.startswith("token_embd"):
             inputs += t.nbytes
         else:  # output.weight, output_norm.weight
-            per[n_layer] += t.nbytes
-    return per, inputs
+            output += t.nbytes
+    n_layer = max(blocks) + 1 if blocks else 0
+    return [blocks.get(i, 0) for i in range(n_layer)] + [output], inputs
+
+
+def _host_bytes(per: list[int], inputs: int, n_gpu_layers: int) -> int:
+    from ggufbridge.runtime.memory import offloaded
+
+    ngl = len(per) if n_gpu_layers < 0 else n_gpu_layers
+    return inputs + sum(b for b, gpu in zip(per, offloaded(len(per) - 1, ngl)) if not gpu)
 
 
 def host_bytes(header: GGUFHeader, n_gpu_layers: int) -> int:
     """Weight bytes that stay in host memory when `header`'s model is loaded with `n_gpu_layers` (-1: all)."""
-    from ggufbridge.runtime.memory import offloaded
-
-    per, inputs = _layer_bytes(header)
-    ngl = len(per) if n_gpu_layers < 0 else n_gpu_layers
-    return inputs + sum(b for b, gpu in zip(per, offloaded(len(per) - 1, ngl)) if not gpu)
+    return _host_bytes(*_layer_bytes(header), n_gpu_layers)
 
 
 def gpu_layers(header: GGUFHeader | None = None) -> int:
@@ -380,7 +383,7 @@ def gpu_layers(header: GGUFHeader | None = None) -> int:
     per, inputs = _layer_bytes(header)
     weights = sum(per) + inputs
     for ngl in range(len(per), 0, -1):
-        if weights - host_bytes(header, ngl) <= room:
+        if weights - _host_bytes(per, inputs, ngl) <= room:
             return -1 if ngl == len(per) else ngl
     return 0
 

@@ -26,7 +26,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import resource
 import shutil
 import time
@@ -41,7 +40,7 @@ from ggufbridge.native import quiet_native
 from ggufbridge.errors import QuantError
 from ggufbridge.ggufio.reader import GGUFHeader, read_header
 from ggufbridge.quant import types as qt
-from ggufbridge.quant.classes import classify
+from ggufbridge.quant.classes import BLOCK, classify
 from ggufbridge.quant.filesize import HeaderModel
 from ggufbridge.quant.mix import KEPT_TYPE, Mix
 from ggufbridge.units import human_size
@@ -54,7 +53,6 @@ CANDIDATE_TYPES = ("Q2_K", "Q3_K", "IQ3_S", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "Q
 IMATRIX_TYPES = ("IQ2_XS", "IQ2_S", "IQ3_XXS")
 PROBE_TYPE = "Q3_K"  # coarse enough that one unit's KL stands clear of the eval noise
 FORMAT = 2  # 2: probes of one unit in a split layout, errors from ggml in-process
-_LAYER = re.compile(r"^blk\.(\d+)\.")
 # llama-quantize type argument for a mix whose bytes are mostly this tensor type (general.file_type)
 FILE_TYPE_OF = {"Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "IQ3_S": "IQ3_S", "IQ3_XXS": "IQ3_XXS", "IQ2_XS": "IQ2_XS",
                 "IQ2_S": "IQ2_M", "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M",
@@ -66,7 +64,7 @@ def unit_of(tensor: str) -> str | None:
     c = classify(tensor)
     if c.kept or c.name == "other":
         return None
-    m = _LAYER.match(tensor)
+    m = BLOCK.match(tensor)
     return f"{c.name}@{m.group(1)}" if m else c.name
 
 
@@ -691,7 +689,7 @@ def measure(src, calibration, *, work, reference: str | None = None, ctx: int = 
     Path(work).mkdir(parents=True, exist_ok=True)
     # the write timed: a layer's tensor (on a GPU the token embedding stays in host memory, a cheaper write)
     in_units = [n for ts in units.values() for n in ts]
-    largest = max([n for n in in_units if _LAYER.match(n)] or in_units, key=lambda n: header.tensor(n).nbytes)
+    largest = max([n for n in in_units if BLOCK.match(n)] or in_units, key=lambda n: header.tensor(n).nbytes)
 
     # --- the cost, measured here before anything long runs
     q = Quantiser(threads)
